@@ -27,6 +27,8 @@ SUITES: list[tuple[str, str]] = [
     ("linalg", "benchmarks.linalg_bench"),
     ("optim", "benchmarks.optim_bench"),
     ("gmp", "benchmarks.gmp_bench"),
+    ("deep_mlp", "benchmarks.deep_mlp_bench"),
+    ("resnet", "benchmarks.resnet_bench"),
 ]
 
 

@@ -9,7 +9,8 @@ from orthojax import manifolds
 from orthojax import penalties
 from orthojax import optim
 from orthojax import nn
+from orthojax import models
 
 __version__ = "0.1.0"
 
-__all__ = ["linalg", "manifolds", "penalties", "optim", "nn", "__version__"]
+__all__ = ["linalg", "manifolds", "penalties", "optim", "nn", "models", "__version__"]

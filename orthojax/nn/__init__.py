@@ -15,6 +15,8 @@ from orthojax.nn._norm import InputMeanNorm
 from orthojax.nn._norm import MeanOnlyBatchNorm
 from orthojax.nn._norm import WeightNormConv
 from orthojax.nn._norm import WeightNormDense
+from orthojax.nn._orthogonal import OrthogonalConv
+from orthojax.nn._orthogonal import OrthogonalDense
 
 __all__ = [
     "GmPConv",
@@ -23,6 +25,8 @@ __all__ = [
     "ManifoldLinear",
     "ManifoldParam",
     "ObliqueParam",
+    "OrthogonalConv",
+    "OrthogonalDense",
     "StiefelParam",
     "MeanOnlyBatchNorm",
     "WeightNormConv",
