@@ -14,6 +14,7 @@ import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 
 from orthojax.train import distributed
 from orthojax.train import flags as flags_lib
@@ -31,6 +32,8 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process, with --coord
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; flags only")
+  if not flags.FLAGS["verbosity"].present:   # Orbax logs every save at INFO
+    logging.set_verbosity(logging.WARNING)
   distributed.initialize(enabled=_DISTRIBUTED.value, coordinator_address=_COORDINATOR.value,
                          num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
   import jax  # after distributed start-up

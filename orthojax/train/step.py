@@ -117,7 +117,7 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
     params = optax.apply_updates(state.params, updates)
 
     count = batch["y"].shape[0]
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
     frozen = state.first_nonfinite_step >= 0 if nan_policy == "stop" else jnp.bool_(False)
     accept = finite & ~frozen

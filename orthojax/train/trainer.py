@@ -78,7 +78,7 @@ def evaluate(eval_step: Callable, state: TrainState, batches, mesh) -> dict[str,
 
 
 def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
-          print_fn=print) -> TrainResult:
+          devices: list[jax.Device] | None = None, print_fn=print) -> TrainResult:
   """Train ``config``; resumes from ``config.workdir`` when it holds a checkpoint.
 
   Args:
@@ -86,6 +86,7 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
     hooks: callables ``hook(step, params) -> dict`` called every
       ``--spectrum_every`` steps; their scalars go to the metrics log
       (e.g. ``oj.analysis`` spectrum tracking).
+    devices: the devices to build the mesh over (default: all).
     print_fn: console output.
 
   Raises:
@@ -93,8 +94,9 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
       message has the step, and no checkpoint is written after it.
   """
   # ----------------------------------------------------------------- Mesh --
-  config.validate(num_devices=jax.device_count(), num_processes=jax.process_count())
-  mesh = mesh_lib.make_mesh(config.mesh_data, config.mesh_fsdp, config.mesh_model)
+  devices = list(jax.devices() if devices is None else devices)
+  config.validate(num_devices=len(devices), num_processes=jax.process_count())
+  mesh = mesh_lib.make_mesh(config.mesh_data, config.mesh_fsdp, config.mesh_model, devices)
   local_batch = mesh_lib.check_global_batch(config.batch_size, mesh)
 
   # ---------------------------------------------------------------- Input --

@@ -1,0 +1,1 @@
+"""Sharded training framework: config, mesh, data, checkpoints, metrics, loop."""

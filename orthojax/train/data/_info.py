@@ -1,0 +1,57 @@
+"""What a dataset looks like to the trainer (:class:`DatasetInfo`), and the
+error raised when its files are missing (:class:`DatasetNotFoundError`).
+
+Kept free of TensorFlow so that the model zoo and the trainer can size a
+model without importing ``tf`` (a few seconds) for datasets that do not need
+it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+TASKS = ("classification", "regression")
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+  """Shape and size of a dataset as the model sees it.
+
+  Attributes:
+    name: the registry name (``"mnist"``, ``"uci/boston"``, ...).
+    task: ``"classification"`` (``y`` int32 labels in ``[0, num_classes)``)
+      or ``"regression"`` (``y`` float32 targets, one per example).
+    input_shape: one example's ``x`` as the model receives it, e.g.
+      ``(224, 224, 3)``, ``(28, 28)`` (28 steps of 28 features), ``(784, 1)``,
+      ``(13,)``.
+    num_classes: number of classes; None for regression.
+    num_train: global number of training examples (before any per-process
+      split or ``drop_remainder``).
+    num_eval: global number of examples in the ``"eval"`` split, each of
+      which :func:`eval_batches` yields exactly once (padded and masked).
+    eval_split: which split ``"eval"`` means for this dataset: the
+      validation split where the dataset has one (model selection, early
+      stopping), otherwise the test split.
+    target_mean, target_std: regression targets are standardised with these
+      (fitted on the training split); multiply an RMSE/MAE on standardised
+      targets by ``target_std`` to report it in the original units. None
+      where targets are not standardised.
+  """
+
+  name: str
+  task: str
+  input_shape: tuple[int, ...]
+  num_classes: int | None
+  num_train: int
+  num_eval: int
+  eval_split: str = "test"
+  target_mean: float | None = None
+  target_std: float | None = None
+
+  def __post_init__(self):
+    if self.task not in TASKS:
+      raise ValueError(f"DatasetInfo.task must be one of {TASKS}, got {self.task!r}")
+
+
+class DatasetNotFoundError(FileNotFoundError):
+  """A dataset's files are missing; the message says exactly how to get them."""
