@@ -6,7 +6,9 @@ A checkpoint holds two items:
   statistics, optimizer state incl. reduce-on-plateau, step, RNG key data),
   saved with ``StandardSave`` from sharded ``jax.Array`` s;
 * ``meta`` — JSON: the data position (batches consumed), early-stopping
-  bookkeeping and the config, so a resumed run continues exactly.
+  bookkeeping and the config, so a resumed run continues exactly;
+* ``best`` (only with ``--restore_best``) — the train state at the best
+  evaluation so far.
 
 Orbax writes each step to a temporary directory and renames it when
 complete, so a crash mid-save (even ``kill -9``) leaves the previous
@@ -82,16 +84,29 @@ class Checkpointer:
   def should_save(self, step: int) -> bool:
     return self.every_steps > 0 and step > 0 and step % self.every_steps == 0
 
-  def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
-    """Save ``state`` (arrays) and ``meta`` (JSON-able) at ``step`` (async)."""
-    self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+  def save(self, step: int, state: Any, meta: dict[str, Any], best: Any = None) -> None:
+    """Save ``state`` (arrays), ``meta`` (JSON-able) and optionally ``best`` at ``step`` (async)."""
+    items = dict(state=ocp.args.StandardSave(state),
+                 meta=ocp.args.JsonSave({**meta, "has_best": best is not None}))
+    if best is not None:
+      items["best"] = ocp.args.StandardSave(best)
+    self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
-    """Restore ``step`` onto ``abstract_state``'s shapes, dtypes and shardings."""
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-    return restored.state, dict(restored.meta)
+    """Restore ``step`` onto ``abstract_state``'s shapes, dtypes and shardings.
+
+    Returns ``(state, meta)``; when the checkpoint holds a ``best`` state it
+    is restored onto the same target and returned as ``meta["best_state"]``.
+    """
+    meta = dict(self._manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore())).meta)
+    items = dict(state=ocp.args.StandardRestore(abstract_state))
+    if meta.pop("has_best", False):
+      items["best"] = ocp.args.StandardRestore(abstract_state)
+    restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+    if "best" in items:
+      meta["best_state"] = restored.best
+    return restored.state, meta
 
   def wait(self) -> None:
     """Block until pending async saves are on disk."""

@@ -23,6 +23,7 @@ LOSSES = ("cross_entropy", "mse", "mae")
 PENALTIES = ("none", "so", "half_so", "dso", "mc", "srip", "gain_adjusted_so")
 DTYPES = ("float32", "bfloat16")
 NAN_POLICIES = ("stop", "skip")
+EVAL_SPLITS = ("eval", "train", "validation", "test")
 
 
 class ConfigError(ValueError):
@@ -74,6 +75,7 @@ class Config:
   plateau_patience: int = 5
   plateau_factor: float = 0.1
   early_stopping_patience: int = 0
+  restore_best: bool = False
   penalty: str = "none"
   penalty_strength: float = 0.0
   penalty_gain: float = 1.0
@@ -90,6 +92,7 @@ class Config:
   checkpoint_every: int = 0
   keep_checkpoints: int = 3
   spectrum_every: int = 0
+  final_eval_splits: tuple[str, ...] = ()
 
   def replace(self, **changes: Any) -> "Config":
     return dataclasses.replace(self, **changes)
@@ -148,6 +151,13 @@ class Config:
                         "set --eval_every > 0")
     if self.early_stopping_patience and self.eval_every == 0:
       raise ConfigError("--eval_every: --early_stopping_patience needs --eval_every > 0")
+    if self.restore_best and self.eval_every == 0:
+      raise ConfigError("--eval_every: --restore_best keeps the best evaluated state; "
+                        "set --eval_every > 0")
+    for split in self.final_eval_splits:
+      if split not in EVAL_SPLITS:
+        raise ConfigError(f"--final_eval_splits={','.join(self.final_eval_splits)}: unknown "
+                          f"split {split!r}; choose from {', '.join(EVAL_SPLITS)}")
     if self.optimizer in MANIFOLD_OPTIMIZERS and self.weights == "euclidean":
       raise ConfigError(f"--optimizer={self.optimizer}: a manifold optimizer needs manifold "
                         f"weights (--weights=stiefel or oblique)")

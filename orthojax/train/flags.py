@@ -64,6 +64,8 @@ HELP: dict[str, str] = {
     "plateau_patience": "Evals without improvement before the plateau schedule decays.",
     "plateau_factor": "Plateau decay multiplier.",
     "early_stopping_patience": "Stop after this many evals without improvement; 0 = off.",
+    "restore_best": "At the end, evaluate (and return) the state of the best eval, not the "
+                    "last one (early stopping with restore-best).",
     "penalty": f"Soft-orthogonality penalty: {', '.join(config_lib.PENALTIES)}.",
     "penalty_strength": "Penalty strength lambda.",
     "penalty_gain": "Gain g of gain_adjusted_so.",
@@ -78,6 +80,8 @@ HELP: dict[str, str] = {
     "checkpoint_every": "Checkpoint every N steps; 0 = only at the end / preemption.",
     "keep_checkpoints": "Checkpoints to keep.",
     "spectrum_every": "Record weight singular-value statistics every N steps; 0 = off.",
+    "final_eval_splits": "Splits also evaluated once at the end (e.g. test), besides the "
+                         "eval split; logged as their own split in metrics.jsonl.",
 }
 
 
@@ -111,7 +115,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     text = HELP[field.name]
     if field.name == "dataset_options":
       flags.DEFINE_multi_string(field.name, [], text, flag_values=flag_values)
-    elif field.name == "decay_boundaries":
+    elif field.name in ("decay_boundaries", "final_eval_splits"):
       flags.DEFINE_list(field.name, [], text, flag_values=flag_values)
     elif isinstance(default, bool):
       flags.DEFINE_bool(field.name, default, text, flag_values=flag_values)
@@ -136,5 +140,7 @@ def config_from_flags(flag_values: flags.FlagValues = flags.FLAGS, *,
         value = tuple(float(v) for v in value)
       except ValueError as e:
         raise ConfigError(f"--decay_boundaries={','.join(value)}: numbers expected") from e
+    elif field.name == "final_eval_splits":
+      value = tuple(value)
     values[field.name] = value
   return Config(**values).validate(num_devices=num_devices, num_processes=num_processes)

@@ -43,12 +43,29 @@ class NonFiniteLossError(FloatingPointError):
 
 @dataclasses.dataclass
 class TrainResult:
+  """What :func:`train` returns.
+
+  Attributes:
+    final_step: steps taken (less than planned after early stopping or preemption).
+    train_metrics: the last logged train metrics.
+    eval_metrics: the final evaluation on the eval split — of the best state
+      with ``--restore_best``, else of the last one.
+    best_eval: ``{metric: best value, "step": …, "stopped_early": …}`` or None.
+    preempted: stopped by SIGTERM (rerun to resume).
+    state: the last train state.
+    best_state: the state of the best evaluation (``--restore_best``), else None.
+    split_metrics: ``{split: metrics}`` for each of ``--final_eval_splits``,
+      of the same state as ``eval_metrics``.
+  """
+
   final_step: int
   train_metrics: dict[str, float]
   eval_metrics: dict[str, float]
   best_eval: dict[str, float] | None
   preempted: bool
   state: TrainState
+  best_state: TrainState | None = None
+  split_metrics: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
 
 def _pure(state: nnx.State) -> Any:
@@ -145,6 +162,7 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
 
   # ------------------------------------------------------ Init or restore --
   checkpointer = None
+  best_state: TrainState | None = None   # --restore_best: a copy at the best eval
   meta: dict[str, Any] = {"batches_consumed": 0, "best": None, "best_step": None,
                           "evals_since_best": 0, "plateau_evals": 0}
   if config.workdir:
@@ -156,6 +174,7 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
     abstract_state = jax.eval_shape(init)
     target = ckpt_lib.abstract_like(abstract_state, state_sh)
     state, restored_meta = checkpointer.restore(latest, target)
+    best_state = restored_meta.pop("best_state", None)
     meta.update(restored_meta)
     print_fn(f"Resumed from {checkpointer.directory} at step {latest}", flush=True)
   else:
@@ -174,9 +193,9 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
                                      compute_dtype=compute_dtype),
                       in_shardings=(state_sh, mesh_lib.batch_sharding(mesh)), out_shardings=rep)
 
-  def eval_batches():
-    return data_lib.eval_batches(config.dataset, batch_size=eval_local, data_dir=data_dir,
-                                 **options)
+  def eval_batches(split: str = "eval"):
+    return data_lib.eval_batches(config.dataset, batch_size=eval_local, split=split,
+                                 data_dir=data_dir, **options)
 
   # ------------------------------------------------------------------ Loop --
   writer = metrics_lib.MetricsWriter(config.workdir or None, total_steps, print_fn=print_fn)
@@ -187,6 +206,7 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
                                    **options)
   train_metrics: dict[str, float] = {}
   eval_metrics: dict[str, float] = {}
+  split_metrics: dict[str, dict[str, float]] = {}
   preempted = stopped_early = False
   if checkpointer:
     checkpointer.install_sigterm_handler()
@@ -204,7 +224,8 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
 
   def save():
     check_finite()
-    checkpointer.save(step, state, {**meta, "config": dataclasses.asdict(config)})
+    checkpointer.save(step, state, {**meta, "config": dataclasses.asdict(config)},
+                      best=best_state if config.restore_best else None)
 
   try:
     start_time = time.perf_counter()
@@ -226,6 +247,8 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
       if config.eval_every and step % config.eval_every == 0 and step < total_steps:
         eval_metrics = writer.write(step, evaluate(eval_step, state, eval_batches(), mesh), "eval")
         stop = _track_best(config, meta, eval_metrics[watch], mode, step)
+        if config.restore_best and meta["best_step"] == step:
+          best_state = jax.tree.map(lambda x: x.copy(), state)   # `state` is donated next step
         if config.schedule == "plateau" and meta["plateau_evals"] >= config.plateau_patience:
           meta["plateau_evals"] = 0
           state = state._replace(lr_scale=state.lr_scale * config.plateau_factor)
@@ -252,7 +275,14 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
     if not preempted:
       if checkpointer and (checkpointer.latest_step() != step):
         save()
-      eval_metrics = writer.write(step, evaluate(eval_step, state, eval_batches(), mesh), "eval")
+      final = best_state if config.restore_best and best_state is not None else state
+      if final is best_state:
+        print_fn(f"Restored the best state (step {meta['best_step']}) for the final "
+                 f"evaluation", flush=True)
+      eval_metrics = writer.write(step, evaluate(eval_step, final, eval_batches(), mesh), "eval")
+      for split in config.final_eval_splits:
+        split_metrics[split] = writer.write(
+            step, evaluate(eval_step, final, eval_batches(split), mesh), split)
       print_fn(f"Done: {step} steps in {elapsed:.1f} s", flush=True)
   finally:
     writer.close()
@@ -263,7 +293,9 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
   if meta.get("best") is not None:
     best = {watch: meta["best"], "step": meta["best_step"], "stopped_early": stopped_early}
   return TrainResult(final_step=step, train_metrics=train_metrics, eval_metrics=eval_metrics,
-                     best_eval=best, preempted=preempted, state=state)
+                     best_eval=best, preempted=preempted, state=state,
+                     best_state=best_state if config.restore_best else None,
+                     split_metrics=split_metrics)
 
 
 def _track_best(config: Config, meta: dict[str, Any], value: float, mode: str,

@@ -58,6 +58,8 @@ BAD = [
     (["--nan_policy=ignore", "--num_steps=1"], "--nan_policy=ignore"),
     (["--checkpoint_every=10", "--num_steps=1"], "--workdir"),
     (["--grad_accum_steps=0", "--num_steps=1"], "--grad_accum_steps=0"),
+    (["--restore_best", "--num_steps=1"], "--eval_every"),
+    (["--final_eval_splits=test,holdout", "--num_steps=1"], "--final_eval_splits"),
     (["--dataset_options=view", "--num_steps=1"], "--dataset_options=view"),
     (["--decay_boundaries=a,b", "--num_steps=1"], "--decay_boundaries"),
     (["--batch_size=12", "--num_steps=1"], "not divisible by the 8 data-parallel devices"),

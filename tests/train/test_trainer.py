@@ -160,3 +160,38 @@ def test_two_processes_match_one(tmp_path):
   single = _losses(read_jsonl(str(tmp_path / "single" / "metrics.jsonl")))
   assert len(multi) == 6
   np.testing.assert_allclose(multi, single, rtol=1e-5, atol=1e-6)
+
+
+_LEVY = Config(model="mlp", variant="sp", width=16, dataset="levy", batch_size=100,
+               num_steps=40, optimizer="adam", lr=3e-2, loss="mse", log_every=10, eval_every=2,
+               seed=1, restore_best=True, final_eval_splits=("test",), mesh_data=1)
+
+
+def test_restore_best_evaluates_the_best_state_and_final_splits(tmp_path):
+  result, log = _run(_LEVY, tmp_path, "best", devices=jax.devices()[:1])
+  evals = [r for r in log if r["split"] == "eval"]
+  during, final = evals[:-1], evals[-1]
+  best = min(during, key=lambda r: r["loss"])
+  assert best["step"] == result.best_eval["step"] < result.final_step or best["step"] == 40
+  assert final["loss"] == pytest.approx(best["loss"], rel=1e-6)
+  assert result.eval_metrics["loss"] == pytest.approx(best["loss"], rel=1e-6)
+  # The returned best state is the one evaluated; the last state differs from it.
+  assert int(result.best_state.step) == best["step"]
+  test = result.split_metrics["test"]
+  assert test["examples"] == 1000 and [r for r in log if r["split"] == "test"]
+  # Without restore_best the final evaluation is of the last state.
+  last, _ = _run(_LEVY.replace(restore_best=False), tmp_path, "last", devices=jax.devices()[:1])
+  assert last.best_state is None
+  if best["step"] != 40:
+    assert last.eval_metrics["loss"] != pytest.approx(best["loss"], rel=1e-6)
+
+
+def test_restore_best_survives_resume(tmp_path):
+  one = jax.devices()[:1]
+  straight, _ = _run(_LEVY.replace(checkpoint_every=10), tmp_path, "straight", devices=one)
+  _run(_LEVY.replace(num_steps=22, checkpoint_every=10), tmp_path, "resumed", devices=one)
+  resumed, _ = _run(_LEVY.replace(checkpoint_every=10), tmp_path, "resumed", devices=one)
+  assert resumed.best_eval["step"] == straight.best_eval["step"]
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               resumed.best_state.params, straight.best_state.params)
+  assert resumed.split_metrics["test"] == pytest.approx(straight.split_metrics["test"])

@@ -1,0 +1,359 @@
+"""What every experiment shares: flags → runs → :func:`orthojax.train.trainer.train` → report.
+
+An experiment module (``experiments/uci.py``, …) is thin:
+
+1. its flagfile sets the shared training flags (:mod:`orthojax.train.flags`)
+   and the experiment's own flags;
+2. it turns the base :class:`~orthojax.train.config.Config` into a list of
+   :class:`Run` s (one per variant × seed × split …), each tagged with the
+   setting it belongs to;
+3. :func:`execute` trains each run in ``<workdir>/runs/<tags>/`` (a finished
+   run is read back instead of retrained, an unfinished one resumes from its
+   checkpoint — rerunning the same command continues an interrupted
+   experiment);
+4. it turns the records into :class:`Row` s — a setting, a metric, our
+   values over seeds/splits, the paper's number — and :func:`write_report`
+   writes ``results.json`` and ``report.md`` and prints the table.
+
+``python -m experiments.report <workdirs…>`` merges several reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import sys
+import time
+from typing import Any, Callable, Iterable, NoReturn, Sequence
+
+from absl import flags
+from absl import logging
+
+from orthojax.train import distributed
+from orthojax.train import flags as flags_lib
+from orthojax.train.config import Config
+from orthojax.train.config import ConfigError
+
+RESULTS = "results.json"
+REPORT = "report.md"
+
+
+# ------------------------------------------------------------------- Flags --
+
+def define_flags() -> None:
+  """The training flags (one per Config field) plus the multi-process ones."""
+  flags_lib.define_flags()
+  if "distributed" in flags.FLAGS:
+    return
+  flags.DEFINE_bool("distributed", False,
+                    "Initialise jax.distributed (auto-detects TPU pods / SLURM).")
+  flags.DEFINE_string("coordinator_address", "",
+                      "host:port of process 0, for explicit multi-process runs.")
+  flags.DEFINE_integer("num_processes", 0, "Processes, with --coordinator_address.")
+  flags.DEFINE_integer("process_id", -1, "This process, with --coordinator_address.")
+  flags.DEFINE_bool("verbose", False, "Print every run's train/eval lines, not just summaries.")
+
+
+def start(argv: Sequence[str]) -> Config:
+  """Common start of ``main``: check argv, quiet Orbax, start jax.distributed, read flags.
+
+  Returns the base config, validated for the devices and processes present
+  (a bad flag exits with one line naming it, status 2).
+  """
+  if len(argv) > 1:
+    raise SystemExit(f"error: unexpected arguments {list(argv[1:])}; flags only")
+  if not flags.FLAGS["verbosity"].present:   # Orbax logs every save at INFO
+    logging.set_verbosity(logging.WARNING)
+  fv = flags.FLAGS
+  distributed.initialize(enabled=fv.distributed, coordinator_address=fv.coordinator_address,
+                         num_processes=fv.num_processes, process_id=fv.process_id)
+  import jax  # pylint: disable=g-import-not-at-top  (after distributed start-up)
+  return fail_on_config_error(lambda: flags_lib.config_from_flags(
+      num_devices=jax.device_count(), num_processes=jax.process_count()))
+
+
+def fail(message: str) -> NoReturn:
+  """Stop with ``error: <message>`` on one line of stderr and exit status 2."""
+  print(f"error: {message}", file=sys.stderr)
+  raise SystemExit(2)
+
+
+def fail_on_config_error(fn: Callable[[], Any]) -> Any:
+  """``fn()``, turning a :class:`ConfigError` into :func:`fail`."""
+  try:
+    return fn()
+  except ConfigError as e:
+    fail(str(e))
+
+
+def flag_list(name: str, value: Sequence[str], choices: Sequence[str]) -> list[str]:
+  """Check a list flag against its choices (a ConfigError naming the flag)."""
+  if not value:
+    raise ConfigError(f"--{name}: empty; choose from {', '.join(choices)}")
+  for item in value:
+    if item not in choices:
+      raise ConfigError(f"--{name}={','.join(value)}: unknown {item!r}; choose from "
+                        f"{', '.join(choices)}")
+  return list(value)
+
+
+def is_writer() -> bool:
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.process_index() == 0
+
+
+# -------------------------------------------------------------------- Runs --
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One training run of an experiment.
+
+  Attributes:
+    tags: the setting, e.g. ``(("dataset", "boston"), ("variant", "gmp"), ("split", 3))``;
+      also the run's directory ``dataset=boston/variant=gmp/split=3``.
+    config: the full training config (its ``workdir`` is set by :func:`execute`).
+    devices: devices to train on (None: all). Tiny full-batch runs use one.
+    hooks: ``hook(step, params) -> dict`` called every ``--spectrum_every`` steps.
+  """
+
+  tags: tuple[tuple[str, Any], ...]
+  config: Config
+  devices: Any = None
+  hooks: tuple[Callable[..., Any], ...] = ()
+
+  @property
+  def name(self) -> str:
+    return "/".join(f"{k}={v}" for k, v in self.tags)
+
+
+def execute(run: Run, workdir: str, *, verbose: bool = False,
+            extra: Callable[[Any], dict[str, Any]] | None = None,
+            print_fn: Callable[..., None] = print) -> dict[str, Any]:
+  """Train ``run`` in ``<workdir>/runs/<run.name>`` and return its record.
+
+  The record (also ``result.json`` in the run directory) holds the tags, the
+  final step, the train / eval / final-split metrics, the best eval, the wall
+  time and ``extra(result)`` — an experiment's own numbers computed from the
+  :class:`~orthojax.train.trainer.TrainResult` (e.g. spectra of the final
+  weights). A run whose ``result.json`` exists is not trained again.
+  """
+  from orthojax.train import trainer  # pylint: disable=g-import-not-at-top
+
+  run_dir = os.path.join(workdir, "runs", run.name)
+  done = os.path.join(run_dir, "result.json")
+  if os.path.exists(done):
+    with open(done) as f:
+      record = json.load(f)
+    print_fn(f"  {run.name}: done earlier ({_summary(record)})", flush=True)
+    return record
+
+  def quiet(*args, **kwargs):   # a run's own lines only with --verbose
+    text = " ".join(str(a) for a in args)
+    if verbose or text.startswith(("Resumed", "Preempted")):
+      print_fn(text, **kwargs)
+
+  start_time = time.perf_counter()
+  result = trainer.train(run.config.replace(workdir=run_dir), hooks=run.hooks,
+                         devices=run.devices, print_fn=quiet)
+  if result.preempted:
+    raise SystemExit(f"preempted during {run.name}; rerun the same command to resume")
+  record = {
+      "tags": dict(run.tags),
+      "final_step": result.final_step,
+      "seconds": time.perf_counter() - start_time,
+      "train": result.train_metrics,
+      "eval": result.eval_metrics,
+      **{split: metrics for split, metrics in result.split_metrics.items()},
+      "best": result.best_eval,
+      **(extra(result) if extra else {}),
+  }
+  if is_writer():
+    _write_json(done, record)
+  print_fn(f"  {run.name}: {_summary(record)}", flush=True)
+  return record
+
+
+def _summary(record: dict[str, Any]) -> str:
+  parts = [f"step {record['final_step']}"]
+  for split in ("test", "eval"):
+    for key in ("top1", "rmse", "loss"):
+      if key in record.get(split, {}):
+        parts.append(f"{split} {key} {record[split][key]:.4g}")
+        break
+  if record.get("seconds") is not None:
+    parts.append(f"{record['seconds']:.1f} s")
+  return ", ".join(parts)
+
+
+def _write_json(path: str, value: Any) -> None:
+  """Write atomically: a crash leaves the old file or none, never half of one."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    json.dump(value, f, indent=1, default=_jsonable)
+  os.replace(tmp, path)
+
+
+def _jsonable(x: Any) -> Any:
+  try:
+    return float(x)
+  except (TypeError, ValueError):
+    return str(x)
+
+
+# ----------------------------------------------------------------- Reports --
+
+@dataclasses.dataclass
+class Row:
+  """One line of a report: a setting, a metric, our values and the paper's.
+
+  Attributes:
+    setting: ordered columns, e.g. ``{"dataset": "boston", "variant": "gmp"}``.
+    metric: what is compared, e.g. ``"test RMSE"``.
+    ours: our values, one per seed / split (the table shows mean ± std, n).
+    paper: the paper's number (None: the paper has none).
+    note: a short remark for this row.
+  """
+
+  setting: dict[str, Any]
+  metric: str
+  ours: list[float]
+  paper: float | None = None
+  note: str = ""
+
+  def stats(self) -> tuple[float, float, int]:
+    values = [v for v in self.ours if v is not None and math.isfinite(v)]
+    if not values:
+      return math.nan, math.nan, 0
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+    return mean, math.sqrt(var), len(values)
+
+  def to_json(self) -> dict[str, Any]:
+    mean, std, n = self.stats()
+    return {"setting": self.setting, "metric": self.metric, "ours": self.ours, "mean": mean,
+            "std": std, "n": n, "paper": self.paper, "note": self.note}
+
+  @classmethod
+  def from_json(cls, d: dict[str, Any]) -> "Row":
+    return cls(setting=dict(d["setting"]), metric=d["metric"], ours=list(d["ours"]),
+               paper=d.get("paper"), note=d.get("note", ""))
+
+
+def _fmt(x: float | None) -> str:
+  if x is None or (isinstance(x, float) and not math.isfinite(x)):
+    return "—"
+  return f"{x:.4g}"
+
+
+def markdown_table(rows: Sequence[Row], extra_columns: Sequence[str] = ()) -> str:
+  """Rows as a markdown table: setting columns, metric, paper, ours (mean ± std, n), Δ."""
+  columns: list[str] = list(extra_columns)
+  for row in rows:
+    for key in row.setting:
+      if key not in columns:
+        columns.append(key)
+  header = columns + ["metric", "paper", "ours (mean ± std)", "n", "ours − paper", "note"]
+  lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+  for row in rows:
+    mean, std, n = row.stats()
+    ours = f"{_fmt(mean)} ± {_fmt(std)}" if n > 1 else _fmt(mean)
+    delta = mean - row.paper if row.paper is not None and n else None
+    cells = [str(row.setting.get(c, "")) for c in columns]
+    cells += [row.metric, _fmt(row.paper), ours, str(n), _fmt(delta), row.note]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def write_report(workdir: str, *, experiment: str, title: str, rows: Sequence[Row],
+                 config: Config | None = None, notes: Iterable[str] = (),
+                 plots: Iterable[str] = (), seconds: float | None = None,
+                 print_fn: Callable[..., None] = print) -> str:
+  """Write ``results.json`` and ``report.md`` to ``workdir``; print the table.
+
+  Returns the markdown of the report.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  notes, plots = list(notes), [os.path.abspath(p) for p in plots]
+  environment = {
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "jax": jax.__version__, "backend": jax.default_backend(),
+      "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+      "processes": jax.process_count(), "python": platform.python_version(),
+      "machine": platform.machine(), "cpus": os.cpu_count()}
+  table = markdown_table(rows)
+  lines = [f"# {title}", "", table, ""]
+  if notes:
+    lines += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
+  if plots:
+    lines += ["Plots:", ""] + [f"- {p}" for p in plots] + [""]
+  lines.append(f"Environment: {', '.join(f'{k} {v}' for k, v in environment.items())}"
+               + (f"; wall time {seconds:.0f} s" if seconds is not None else "") + ".")
+  markdown = "\n".join(lines) + "\n"
+  if is_writer():
+    _write_json(os.path.join(workdir, RESULTS), {
+        "experiment": experiment, "title": title, "rows": [r.to_json() for r in rows],
+        "notes": notes, "plots": plots, "environment": environment, "seconds": seconds,
+        "config": dataclasses.asdict(config) if config is not None else None})
+    with open(os.path.join(workdir, REPORT), "w") as f:
+      f.write(markdown)
+    print_fn("\n" + markdown, flush=True)
+    print_fn(f"Report: {os.path.join(os.path.abspath(workdir), REPORT)}", flush=True)
+    for p in plots:
+      print_fn(f"Plot: {p}", flush=True)
+  return markdown
+
+
+def read_results(workdir: str) -> dict[str, Any]:
+  """``results.json`` of an experiment workdir (a clear error when it is missing)."""
+  path = os.path.join(workdir, RESULTS)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path}: no results; run the experiment with "
+                            f"--workdir={workdir} first")
+  with open(path) as f:
+    return json.load(f)
+
+
+# ------------------------------------------------------------------- Plots --
+
+def plot_rows(rows: Sequence[Row], path: str, *, group: str, series: str,
+              title: str = "") -> str:
+  """Bar chart: ``group`` on the x axis, one bar per ``series`` value (ours, mean ± std),
+  with the paper's numbers as black markers. One panel per metric."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  metrics = list(dict.fromkeys(r.metric for r in rows))
+  groups = list(dict.fromkeys(str(r.setting.get(group)) for r in rows))
+  names = list(dict.fromkeys(str(r.setting.get(series)) for r in rows))
+  fig, axes = plt.subplots(1, len(metrics) * len(groups), squeeze=False,
+                           figsize=(3.2 * len(metrics) * len(groups), 3.2))
+  width = 0.8 / max(len(names), 1)
+  panel = 0
+  for metric in metrics:
+    for g in groups:
+      ax = axes[0, panel]
+      panel += 1
+      for i, name in enumerate(names):
+        match = [r for r in rows if r.metric == metric and str(r.setting.get(group)) == g
+                 and str(r.setting.get(series)) == name]
+        if not match:
+          continue
+        mean, std, _ = match[0].stats()
+        ax.bar(i * width, mean, width, yerr=std, label=name, capsize=3)
+        if match[0].paper is not None:
+          ax.plot(i * width, match[0].paper, "k_", markersize=14, markeredgewidth=2)
+      ax.set_xticks([i * width for i in range(len(names))], names, rotation=45)
+      ax.set_title(f"{g}: {metric}", fontsize=9)
+  fig.suptitle(title + "  (bars: ours, mean ± std; black: paper)", fontsize=9)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path

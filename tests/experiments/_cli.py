@@ -1,0 +1,22 @@
+"""Run an experiment module as a user would: ``python -m experiments.<name> …``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run(module: str, *args: str, devices: int = 1, timeout: int = 600,
+        check: bool = True) -> subprocess.CompletedProcess:
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  proc = subprocess.run([sys.executable, "-m", f"experiments.{module}", *args], env=env,
+                        cwd=REPO, capture_output=True, text=True, timeout=timeout)
+  if check and proc.returncode != 0:
+    raise AssertionError(f"experiments.{module} exited {proc.returncode}:\n"
+                         f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+  return proc

@@ -1,0 +1,51 @@
+"""E3 end to end on the bundled Boston data: smoke flagfile, report, resume, bad flags."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from experiments import uci
+from tests.experiments import _cli
+
+
+def test_smoke_flagfile_runs_and_reports_beside_the_paper(tmp_path):
+  workdir = tmp_path / "uci"
+  proc = _cli.run("uci", "--flagfile=experiments/flags/uci_smoke.flags", f"--workdir={workdir}")
+  results = json.loads((workdir / "results.json").read_text())
+  rows = {(r["setting"]["dataset"], r["setting"]["variant"]): r for r in results["rows"]}
+  assert set(rows) == {("boston", "sp"), ("boston", "gmp")}
+  for (dataset, variant), row in rows.items():
+    assert row["paper"] == uci.PAPER[dataset][uci.VARIANTS.index(variant)]
+    assert row["n"] == 2 and len(row["ours"]) == 2
+    # RMSE in original units (thousands of dollars): a trained net is far better than
+    # predicting the mean (target std ≈ 9.2) and not absurdly good.
+    assert all(1.0 < v < 9.0 for v in row["ours"]), row["ours"]
+  report = (workdir / "report.md").read_text()
+  assert "| boston | gmp | test RMSE | 3.057 |" in report
+  assert (workdir / "uci_rmse.png").stat().st_size > 1000
+  assert "Report: " in proc.stdout and "Plot: " in proc.stdout
+  # Each run's own record, with the test split evaluated at the best state.
+  record = json.loads((workdir / "runs/dataset=boston/variant=gmp/split=1/result.json")
+                      .read_text())
+  assert record["test"]["examples"] == 101 and math.isfinite(record["test"]["rmse"])
+  # Rerunning continues the experiment: finished runs are read back, same report.
+  again = _cli.run("uci", "--flagfile=experiments/flags/uci_smoke.flags", f"--workdir={workdir}")
+  assert again.stdout.count("done earlier") == 4
+  assert json.loads((workdir / "results.json").read_text())["rows"] == results["rows"]
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--uci_datasets=boston,mars", "--uci_datasets=boston,mars: unknown 'mars'"),
+    ("--variants=sp,gmp2", "--variants=sp,gmp2: unknown 'gmp2'"),
+    ("--num_splits=11", "--num_splits=11: must be in 1..10"),
+    ("--lr=0", "--lr=0.0: must be > 0"),
+])
+def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
+  proc = _cli.run("uci", "--flagfile=experiments/flags/uci_smoke.flags",
+                  f"--workdir={tmp_path}", flag, check=False, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {message}")
+  assert not (tmp_path / "runs").exists()
