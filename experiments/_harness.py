@@ -139,7 +139,8 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
   final step, the train / eval / final-split metrics, the best eval, the wall
   time and ``extra(result)`` — an experiment's own numbers computed from the
   :class:`~orthojax.train.trainer.TrainResult` (e.g. spectra of the final
-  weights). A run whose ``result.json`` exists is not trained again.
+  weights; a ``"headline"`` string there replaces the metrics in the
+  one-line summary). A run whose ``result.json`` exists is not trained again.
   """
   from orthojax.train import trainer  # pylint: disable=g-import-not-at-top
 
@@ -178,12 +179,16 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
 
 
 def _summary(record: dict[str, Any]) -> str:
+  """One line per run: the experiment's ``headline`` (from ``extra``) or test/eval metrics."""
   parts = [f"step {record['final_step']}"]
-  for split in ("test", "eval"):
-    for key in ("top1", "rmse", "loss"):
-      if key in record.get(split, {}):
-        parts.append(f"{split} {key} {record[split][key]:.4g}")
-        break
+  if record.get("headline"):
+    parts.append(record["headline"])
+  else:
+    for split in ("test", "eval"):
+      for key in ("top1", "rmse", "loss"):
+        if key in record.get(split, {}):
+          parts.append(f"{split} {key} {record[split][key]:.4g}")
+          break
   if record.get("seconds") is not None:
     parts.append(f"{record['seconds']:.1f} s")
   return ", ".join(parts)
