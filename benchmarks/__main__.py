@@ -29,6 +29,8 @@ SUITES: list[tuple[str, str]] = [
     ("gmp", "benchmarks.gmp_bench"),
     ("deep_mlp", "benchmarks.deep_mlp_bench"),
     ("resnet", "benchmarks.resnet_bench"),
+    ("input", "benchmarks.input_bench"),
+    ("sharding", "benchmarks.sharding_bench"),
 ]
 
 
