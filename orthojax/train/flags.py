@@ -35,7 +35,8 @@ HELP: dict[str, str] = {
     "width": "Hidden width (deep_mlp, deep_linear, mlp, rnn hidden size). 0 = default.",
     "activation": "Activation name (tanh, relu, hard_tanh, erf, linear, ...). '' = default.",
     "init": "Weight init (deep_mlp/deep_linear: gaussian|orthogonal). '' = default.",
-    "q_star": "Mean-field fixed point q* for the critical init (deep_mlp); 0 = not critical.",
+    "q_star": "Mean-field fixed point q* for the critical init (deep_mlp; inputs are scaled "
+              "so that h1 has variance q*); 0 = not critical.",
     "weights": "euclidean | stiefel | oblique: where the hidden weights live.",
     "gain": "Gain of orthogonal initialisations (rnn recurrent kernel).",
     "dataset": "Dataset name (see orthojax.train.data.DATASETS).",

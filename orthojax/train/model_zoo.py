@@ -21,13 +21,33 @@ _RESNET_NORMS = ("bn", "wn_mbn", "gmp_imn", "none")
 
 
 class Flatten(nnx.Module):
-  """``model(x.reshape(batch, -1))`` — for MLP-type models on image data."""
+  """``model(scale · x.reshape(batch, -1))`` — for MLP-type models on image data.
 
-  def __init__(self, model: nnx.Module):
+  ``scale`` (a constant, not trained) is :func:`critical_input_scale` for the
+  critical deep MLP, 1 otherwise.
+  """
+
+  def __init__(self, model: nnx.Module, scale: float = 1.0):
     self.model = model
+    self.scale = float(scale)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    return self.model(jnp.reshape(x, (x.shape[0], -1)))
+    x = jnp.reshape(x, (x.shape[0], -1))
+    return self.model(x * self.scale if self.scale != 1.0 else x)
+
+
+def critical_input_scale(q_star: float, sigma_w: float, sigma_b: float) -> float:
+  r"""``c = √(q* − σ_b²) / σ_w``: standardised inputs times ``c`` start at the fixed point.
+
+  The first pre-activation ``h¹ = c·x W⁰ + b⁰`` has variance
+  ``σ_w² c² E[x²] + σ_b²``, which is ``q*`` for inputs of unit mean square
+  (every dataset here is standardised) — the input normalisation of
+  Pennington et al. (2017) and Sokol & Park (2020), so the network is at its
+  fixed point from the first layer on rather than converging to it.
+  """
+  if not q_star > sigma_b ** 2:
+    raise ValueError(f"critical_input_scale: q*={q_star} must exceed sigma_b^2={sigma_b ** 2}")
+  return math.sqrt(q_star - sigma_b ** 2) / sigma_w
 
 
 def _outputs(info: Any) -> int:
@@ -54,10 +74,13 @@ def build(config: Config, info: Any, rngs: nnx.Rngs) -> nnx.Module:
   if name == "deep_mlp":
     if not config.depth or not config.width:
       raise ConfigError("--depth/--width: --model=deep_mlp needs both (e.g. 200 and 400)")
-    return Flatten(models.DeepMLP(
+    mlp = models.DeepMLP(
         features, depth=config.depth, width=config.width, out_features=out,
         activation=config.activation or "tanh", q_star=config.q_star or None,
-        init=config.init or "gaussian", weights=config.weights, rngs=rngs))
+        init=config.init or "gaussian", weights=config.weights, rngs=rngs)
+    scale = (critical_input_scale(config.q_star, mlp.sigma_w, mlp.sigma_b) if config.q_star
+             else 1.0)
+    return Flatten(mlp, scale)
   if name == "deep_linear":
     if not config.depth or not config.width:
       raise ConfigError("--depth/--width: --model=deep_linear needs both")

@@ -242,7 +242,9 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
         train_metrics = writer.write(step, values, "train")
       if config.spectrum_every and step % config.spectrum_every == 0:
         for hook in hooks:
-          writer.write(step, hook(step, state.params), "spectrum", console=False)
+          values = hook(step, state.params)
+          if values:   # a hook may measure on its own schedule and return {} between
+            writer.write(step, values, "spectrum", console=False)
 
       if config.eval_every and step % config.eval_every == 0 and step < total_steps:
         eval_metrics = writer.write(step, evaluate(eval_step, state, eval_batches(), mesh), "eval")
