@@ -50,6 +50,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from orthojax.analysis import _lanczos
+from orthojax.analysis._compile import compiled
 
 LOSSES = ("cross_entropy", "mse")
 KINDS = ("gauss_newton", "empirical")
@@ -193,6 +194,7 @@ class FisherEigen(NamedTuple):
   residual: jax.Array
 
 
+@compiled("params", "x", "y", "key")
 def fisher_max_eigenvalue(apply_fn: ApplyFn, params: Any, x: Any, y: Any = None, *,
                           loss: str = "cross_entropy", kind: str = "gauss_newton",
                           method: str = "lanczos", tol: float = 1e-3,

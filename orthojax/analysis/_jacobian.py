@@ -51,6 +51,7 @@ import numpy as np
 from flax import nnx
 
 from orthojax.analysis import _lanczos
+from orthojax.analysis._compile import compiled
 from orthojax.analysis._model import model_function
 from orthojax.models import DeepMLP
 
@@ -123,6 +124,7 @@ def _check_method(method, who):
     raise ValueError(f"{who}: method must be one of {', '.join(METHODS)}, got {method!r}")
 
 
+@compiled("x", "key")
 def jacobian_singular_values(
     f: Callable | nnx.Module,
     x: Any,

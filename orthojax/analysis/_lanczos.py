@@ -47,6 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from orthojax.analysis._compile import compiled
+
 Matvec = Callable[[jax.Array], jax.Array]
 WHICH = ("largest", "smallest", "both")
 
@@ -246,6 +248,7 @@ class LanczosResult(NamedTuple):
     return self.ritz_coefficients.T @ self.basis
 
 
+@compiled("key", "v0")
 def lanczos(matvec: Matvec, dim: int, num_iters: int, key: Any = None, *, v0: Any = None,
             dtype: Any = None, reorthogonalize: bool = True) -> LanczosResult:
   r"""``num_iters`` steps of symmetric Lanczos with full reorthogonalisation.
@@ -331,6 +334,7 @@ def _select(theta, s, residual_norm, n, k, which):
   return idx, vals, res
 
 
+@compiled("key", "v0")
 def top_eigenvalues(matvec: Matvec, dim: int, k: int = 1, *, which: str = "largest",
                     tol: float = 1e-6, atol: float | None = None, max_iters: int | None = None,
                     key: Any = None, v0: Any = None, dtype: Any = None,
@@ -352,7 +356,9 @@ def top_eigenvalues(matvec: Matvec, dim: int, k: int = 1, *, which: str = "large
   Repeated eigenvalues: a single start vector sees each *distinct*
   eigenvalue once. When the Krylov space becomes invariant (``β = 0``) the
   iteration restarts orthogonally to it and does not stop there, so
-  multiplicities (the identity, low-rank matrices) are found; but a
+  multiplicities (the identity, low-rank matrices) are found — convergence
+  is declared after a breakdown only once a restart step has left the
+  wanted values unchanged, or the whole space is spanned; but a
   multiple eigenvalue inside the requested ``k`` of a matrix whose Krylov
   space never closes may be reported once before convergence is declared —
   the usual limit of single-vector Lanczos (use ``tol=0`` to run all
@@ -402,29 +408,35 @@ def top_eigenvalues(matvec: Matvec, dim: int, k: int = 1, *, which: str = "large
   width = 2 if which == "both" else 1
   eps = float(jnp.finfo(dtype).eps)
 
-  def ritz(state: _State, n):
+  def ritz(state: _State, n, prev_vals):
     theta, s = _padded_eigh(state.alpha, state.beta, n, state.norm)
     idx, vals, res = _select(theta, s, state.beta[n - 1], n, k, which)
     floor = np.sqrt(eps) * tol * state.norm if atol is None else atol
+    small = jnp.all(res <= tol * jnp.abs(vals) + floor)
     # After a breakdown (β = 0 exactly) the Ritz values are exact but the rest of
-    # the space is unexplored (repeated eigenvalues, low rank): keep going.
-    explored = (state.beta[n - 1] != 0) | (n == dim)
-    ok = (n >= k) & explored & jnp.all(res <= tol * jnp.abs(vals) + floor)
-    return idx, vals, res, s, ok
+    # the space is unexplored (repeated eigenvalues, low rank): the step after it
+    # restarts in the complement, and only if that changed none of the wanted
+    # values (or the whole space is spanned) may the iteration stop.
+    stable = (n - 1 >= k) & jnp.all(jnp.abs(vals - prev_vals) <= tol * jnp.abs(vals) + floor)
+    restarted = (n >= 2) & (state.beta[jnp.maximum(n - 2, 0)] == 0)
+    explored = (state.beta[n - 1] != 0) | (n == dim) | (restarted & stable)
+    return idx, vals, res, s, (n >= k) & explored & small
 
   def cond(carry):
-    state, n, ok = carry[0], carry[1], carry[2]
+    _, n, ok, _ = carry
     return (n < m) & ~ok
 
   def body(carry):
-    state, n, _ = carry
+    state, n, _, prev_vals = carry
     state = _step(matvec, state, n, restart_key, reorthogonalize, who)
     n = n + 1
-    return state, n, ritz(state, n)[4]
+    _, vals, _, _, ok = ritz(state, n, prev_vals)
+    return state, n, ok, vals
 
-  init = (_init_state(v0, m), jnp.int32(0), jnp.asarray(False))
-  state, n, _ = jax.lax.while_loop(cond, body, init)
-  idx, vals, res, s, ok = ritz(state, n)
+  init = (_init_state(v0, m), jnp.int32(0), jnp.asarray(False),
+          jnp.zeros((width, k), dtype))
+  state, n, ok, _ = jax.lax.while_loop(cond, body, init)
+  idx, vals, res, s, _ = ritz(state, n, jnp.zeros((width, k), dtype))
   # Rows >= n of the basis hold the next Lanczos vector or zeros: mask them.
   basis = jnp.where((jnp.arange(m) < n)[:, None], state.basis, 0.0)
   coeffs = jnp.moveaxis(s[:, idx], 0, -1)          # (w, k, m)
@@ -457,6 +469,7 @@ class PowerResult(NamedTuple):
   residual: jax.Array
 
 
+@compiled("key", "v0")
 def power_iteration(matvec: Matvec, dim: int, *, max_iters: int = 100, tol: float = 1e-6,
                     key: Any = None, v0: Any = None, dtype: Any = None) -> PowerResult:
   r"""The dominant eigenpair by power iteration, to a relative change ``tol``.
@@ -539,6 +552,7 @@ class SpectralDensity(NamedTuple):
   sigma: jax.Array
 
 
+@compiled("key", "grid")
 def spectral_density(matvec: Matvec, dim: int, *, num_iters: int = 30, num_probes: int = 8,
                      key: Any = None, grid: Any = None, num_points: int = 256,
                      sigma: float | None = None, dtype: Any = None) -> SpectralDensity:

@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from orthojax.analysis._compile import compiled
+
 
 def _parameter_jacobian(apply_fn: Callable, params: Any, x: Any, who: str):
   flat, unravel = ravel_pytree(params)
@@ -49,6 +51,7 @@ def _parameter_jacobian(apply_fn: Callable, params: Any, x: Any, who: str):
   return jac, out.shape
 
 
+@compiled("params", "x")
 def empirical_ntk(apply_fn: Callable[[Any, Any], jax.Array], params: Any, x: Any, *,
                   flat: bool = True) -> jax.Array:
   r"""The empirical NTK ``Θ = J Jᵀ`` of a (small) batch.
