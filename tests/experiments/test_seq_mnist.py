@@ -1,0 +1,134 @@
+"""E6 sequential MNIST: smoke flagfile end to end (records, spectra, plots), flag checks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from experiments import seq_mnist
+from orthojax.train import metrics as metrics_lib
+from orthojax.train.config import Config
+from orthojax.train.config import ConfigError
+from tests.experiments import _cli
+
+SMOKE = "--flagfile=experiments/flags/seq_mnist_smoke.flags"
+GAIN = 1.2            # --gain of seq_mnist.flags
+LAMBDA = "0.01"       # --penalty_strengths of seq_mnist.flags
+SETTINGS = {          # variant -> (g, λ) tags
+    "glorot": ("1", "0"), "orthogonal": ("1", "0"), "orthogonal_gain": ("1.2", "0"),
+    "orthogonal_gain_so": ("1.2", LAMBDA), "orthogonal_gain_adj_so": ("1.2", LAMBDA)}
+SV = "recurrent_kernel/sv_"
+
+
+def test_variant_configs_set_init_gain_and_penalty():
+  base = Config(model="rnn", dataset="mnist", gain=GAIN, num_epochs=2)
+  c = {v: seq_mnist.variant_config(base, v, 0.01, 12) for v in seq_mnist.VARIANTS}
+  assert (c["glorot"].variant, c["glorot"].gain, c["glorot"].penalty) == ("glorot", 1.0, "none")
+  assert (c["orthogonal"].variant, c["orthogonal"].gain) == ("orthogonal", 1.0)
+  assert c["orthogonal_gain"].gain == GAIN and c["orthogonal_gain"].penalty == "none"
+  so, adj = c["orthogonal_gain_so"], c["orthogonal_gain_adj_so"]
+  assert (so.penalty, so.penalty_strength, so.penalty_gain, so.gain) == ("so", 0.01, 1.0, GAIN)
+  assert (adj.penalty, adj.penalty_strength, adj.penalty_gain) == ("gain_adjusted_so", 0.01,
+                                                                   GAIN)
+  for config in c.values():
+    assert config.eval_every == config.spectrum_every == 12
+    assert config.final_eval_splits == ("test",)
+    config.validate(num_devices=1)
+
+
+@pytest.mark.parametrize("args, message", [
+    ((["glorot", "identity"], ["0.01"], 1), "--variants=glorot,identity: unknown 'identity'"),
+    ((["orthogonal_gain_so"], ["0"], 1), "--penalty_strengths=0: 0 must be > 0"),
+    ((["orthogonal_gain_so"], ["x"], 1), "--penalty_strengths=x: 'x' is not a number"),
+    ((["orthogonal_gain_so"], [], 1), "--penalty_strengths: empty"),
+    ((["glorot"], ["0.01"], 0), "--num_seeds=0: must be >= 1"),
+])
+def test_parse_flags_names_the_bad_flag(args, message):
+  with pytest.raises(ConfigError) as e:
+    seq_mnist.parse_flags(*args)
+  assert str(e.value).startswith(message)
+  assert seq_mnist.parse_flags(["glorot"], [], 2) == (["glorot"], [])   # no λ needed
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(model="mlp"), "--model=mlp: E6 trains the sequence RNN"),
+    (dict(dataset="digits"), "--dataset=digits: E6 is sequential MNIST"),
+    (dict(dataset_options=(("view", "image"),)), "--dataset_options=view=image: E6 needs a "
+                                                 "sequence view"),
+    (dict(num_epochs=0.0, num_steps=10), "--num_epochs: E6 trains a whole number of epochs"),
+])
+def test_check_base_names_the_bad_flag(changes, message):
+  base = Config(model="rnn", dataset="mnist", num_epochs=2)
+  seq_mnist.check_base(base)
+  with pytest.raises(ConfigError) as e:
+    seq_mnist.check_base(base.replace(**changes))
+  assert str(e.value).startswith(message)
+
+
+def test_smoke_flagfile_runs_and_reports(tmp_path):
+  workdir = tmp_path / "e6"
+  proc = _cli.run("seq_mnist", SMOKE, f"--workdir={workdir}")
+  results = json.loads((workdir / "results.json").read_text())
+  assert results["experiment"] == "seq_mnist"
+  rows = {(r["setting"]["variant"], r["metric"]): r for r in results["rows"]}
+  assert set(rows) == {(v, m) for v in seq_mnist.VARIANTS for m in seq_mnist.METRICS}
+  for (variant, metric), row in rows.items():
+    assert (row["setting"]["g"], row["setting"]["λ"]) == SETTINGS[variant]
+    assert row["paper"] is None and row["paper"] == seq_mnist.PAPER.get((variant, metric))
+    assert row["n"] == 1 and all(math.isfinite(v) for v in row["ours"])
+    if "accuracy" in metric:   # 24 Adam steps: well above chance (10 %), far from done
+      assert 15.0 < row["ours"][0] < 90.0, row
+  for variant in seq_mnist.VARIANTS:
+    lo, hi = rows[(variant, "final σ min")]["ours"][0], rows[(variant, "final σ max")]["ours"][0]
+    mean = rows[(variant, "final σ mean")]["ours"][0]
+    assert 0.0 <= lo <= mean <= hi
+  report = (workdir / "report.md").read_text()
+  assert "| orthogonal_gain_adj_so | 1.2 | 0.01 | test accuracy (%) | — |" in report
+  assert "NOT comparable to the paper's full MNIST" in report
+  assert "gain-adjusted vs plain SO at λ=0.01" in report
+  for name in ("seq_mnist_sv_bands.png", "seq_mnist_val_acc.png"):
+    png = (workdir / name).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+  assert proc.stdout.count("Plot: ") == 2
+
+  for variant, (gain, lam) in SETTINGS.items():
+    run_dir = workdir / f"runs/variant={variant}/gain={gain}/lambda={lam}/seed=0"
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["final_step"] == 24                      # 2 epochs of 3200 // 256 = 12 steps
+    assert record["test"]["examples"] == 1000 and record["eval"]["examples"] == 800
+    init = record["spectrum_init"]
+    g = float(gain)
+    if variant == "glorot":   # Glorot-uniform 64×64: a wide quarter-circle-like spectrum
+      assert init[SV + "max"] > 1.5 and init[SV + "min"] < 0.3 and init[SV + "std"] > 0.3
+    else:                     # g · orthogonal: every singular value exactly g at step 0
+      for stat in ("mean", "min", "max"):
+        assert init[SV + stat] == pytest.approx(g, abs=1e-4), (variant, stat)
+      assert init[SV + "std"] < 1e-4
+    log = metrics_lib.read_jsonl(str(run_dir / "metrics.jsonl"))
+    spectra = [r for r in log if r["split"] == "spectrum"]
+    assert [(r["step"], r["epoch"]) for r in spectra] == [(12, 1.0), (24, 2.0)]
+    for r in spectra:
+      assert all(math.isfinite(r[SV + s]) for s in ("mean", "std", "min", "max"))
+      assert 0.0 <= r[SV + "min"] <= r[SV + "mean"] <= r[SV + "max"] < 5.0
+    if variant != "glorot":   # after one epoch (12 Adam steps of 1e-3) still ≈ g
+      first = spectra[0]
+      assert first[SV + "mean"] == pytest.approx(g, abs=0.05)
+      assert g - 0.3 < first[SV + "min"] and first[SV + "max"] < g + 0.3
+    evals = [r for r in log if r["split"] == "eval"]
+    assert [r["step"] for r in evals] == [12, 24]
+    assert all(0.1 < r["top1"] < 0.95 for r in evals)
+    assert record["spectrum_final"][SV + "mean"] == pytest.approx(
+        rows[(variant, "final σ mean")]["ours"][0])
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--variants=glorot,identity", "--variants=glorot,identity: unknown 'identity'"),
+    ("--dataset_options=view=image", "--dataset_options=view=image: E6 needs a sequence view"),
+])
+def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
+  proc = _cli.run("seq_mnist", SMOKE, f"--workdir={tmp_path}", flag, check=False, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {message}"), proc.stderr
+  assert not (tmp_path / "runs").exists()
