@@ -247,8 +247,11 @@ def plot_fisher_vs_jacobian(lambda_max: Any, sigma_max: Any, path: str | os.Path
       ax.scatter(sig2[sel], lam[sel], s=18, alpha=0.8, color=f"C{i % 10}", label=str(g))
     ax.legend(fontsize=7)
   if log:
+    from matplotlib.ticker import NullFormatter
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+      axis.set_minor_formatter(NullFormatter())   # no overlapping minor labels
   ax.set_xlabel(r"$\sigma_{\max}(J)^2$")
   ax.set_ylabel(r"$\lambda_{\max}$(Fisher)")
   ax.set_title(f"{title + ': ' if title else ''}Pearson ρ = {rho:.3f}", fontsize=10)

@@ -44,6 +44,7 @@ import numpy as np
 from flax import nnx
 
 from orthojax import linalg
+from orthojax.analysis._compile import compiled_call
 from orthojax.nn import matrix_views
 
 STATS = ("sv_mean", "sv_std", "sv_min", "sv_max", "cond", "gain", "defect",
@@ -169,6 +170,10 @@ def spectrum_stats(params: Any, *, views: Any = None, mask: Any = None,
       (the message names the leaf).
   """
   params, views = _params_and_views(params, views)
+  return compiled_call(lambda p: _spectrum_stats(p, views, mask, per_matrix), params)
+
+
+def _spectrum_stats(params: Any, views: Any, mask: Any, per_matrix: bool) -> dict[str, jax.Array]:
   pairs = jax.tree_util.tree_flatten_with_path(params)[0]
   per_view = linalg.views_for(params, views)
   selected = linalg.mask_for(params, mask)

@@ -33,75 +33,87 @@ def setup():
   return apply_fn, params, x, labels, targets
 
 
-def _dense(apply_fn, params, x, y, loss, kind):
-  """The Fisher matrix built explicitly, in float64: Jᵀ H J / B or Σ g gᵀ / B."""
+@pytest.fixture(scope="module")
+def dense(setup):
+  """The Fisher matrices built explicitly (float64 numpy): Jᵀ H J / B and Σ g gᵀ / B.
+
+  ``jax.jacobian`` of the outputs and of the per-example losses (written out by
+  hand, not with orthojax) with respect to the flattened parameters.
+  """
+  apply_fn, params, x, labels, targets = setup
   flat, unravel = ravel_pytree(params)
-  out = lambda t: apply_fn(unravel(t), x)
-  if kind == "gauss_newton":
-    jac = np.asarray(jax.jacobian(out)(flat), np.float64)          # (B, C, P)
-    z = np.asarray(out(flat), np.float64)
-    p = np.exp(z - z.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    hess = [np.diag(pi) - np.outer(pi, pi) if loss == "cross_entropy" else np.eye(C) for pi in p]
-    return sum(j.T @ h @ j for j, h in zip(jac, hess)) / B
-  # empirical: per-example gradients of the per-example loss, by hand
-  def loss_i(t, i):
-    z = out(t)[i]
-    if loss == "cross_entropy":
-      return -jax.nn.log_softmax(z)[y[i]]
-    return 0.5 * jnp.sum((z - y[i]) ** 2)
-  g = np.stack([np.asarray(jax.grad(loss_i)(flat, i), np.float64) for i in range(B)])
-  return g.T @ g / B
+
+  @jax.jit
+  def jacobians(flat):
+    out = lambda t: apply_fn(unravel(t), x)
+    ce = lambda t: -jnp.take_along_axis(jax.nn.log_softmax(out(t)), labels[:, None], 1)[:, 0]
+    mse = lambda t: 0.5 * jnp.sum((out(t) - targets) ** 2, axis=1)
+    return out(flat), jax.jacobian(out)(flat), jax.jacobian(ce)(flat), jax.jacobian(mse)(flat)
+
+  z, jac, g_ce, g_mse = (np.asarray(a, np.float64) for a in jacobians(flat))
+  p = np.exp(z - z.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  h_ce = [np.diag(pi) - np.outer(pi, pi) for pi in p]
+  return {("cross_entropy", "gauss_newton"): sum(j.T @ h @ j for j, h in zip(jac, h_ce)) / B,
+          ("mse", "gauss_newton"): sum(j.T @ j for j in jac) / B,
+          ("cross_entropy", "empirical"): g_ce.T @ g_ce / B,
+          ("mse", "empirical"): g_mse.T @ g_mse / B,
+          "jacobian": jac.reshape(B * C, -1)}
 
 
 @pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
 @pytest.mark.parametrize("kind", ["gauss_newton", "empirical"])
-def test_max_eigenvalue_equals_the_dense_fisher(setup, loss, kind):
+def test_max_eigenvalue_equals_the_dense_fisher(setup, dense, loss, kind):
   apply_fn, params, x, labels, targets = setup
   y = labels if loss == "cross_entropy" else targets
-  want = np.linalg.eigvalsh(_dense(apply_fn, params, x, y, loss, kind))[-1]
+  want = np.linalg.eigvalsh(dense[loss, kind])[-1]
   lz = oa.fisher_max_eigenvalue(apply_fn, params, x, y, loss=loss, kind=kind, tol=1e-5)
   assert bool(lz.converged) and int(lz.num_iters) <= 30
   np.testing.assert_allclose(lz.eigenvalue, want, rtol=1e-4)
   # the eigenvector comes back as a params-shaped tree, unit norm
   assert jax.tree.structure(lz.vector) == jax.tree.structure(params)
   np.testing.assert_allclose(jnp.linalg.norm(ravel_pytree(lz.vector)[0]), 1.0, rtol=1e-5)
-  pw = oa.fisher_max_eigenvalue(apply_fn, params, x, y, loss=loss, kind=kind, method="power",
-                                tol=1e-7, max_iters=500)
-  assert bool(pw.converged)
-  np.testing.assert_allclose(pw.eigenvalue, want, rtol=1e-3)
+  if (loss, kind) in (("cross_entropy", "gauss_newton"), ("mse", "empirical")):
+    pw = oa.fisher_max_eigenvalue(apply_fn, params, x, y, loss=loss, kind=kind, method="power",
+                                  tol=1e-7, max_iters=500)
+    assert bool(pw.converged)
+    np.testing.assert_allclose(pw.eigenvalue, want, rtol=1e-3)
 
 
-def test_one_hot_labels_and_jit(setup):
+def test_one_hot_labels_and_jit(setup, dense):
   apply_fn, params, x, labels, _ = setup
   run = jax.jit(lambda p, x, y: oa.fisher_max_eigenvalue(
       apply_fn, p, x, y, kind="empirical", tol=1e-5).eigenvalue)
-  a = run(params, x, labels)
-  b = run(params, x, jax.nn.one_hot(labels, C))
-  want = np.linalg.eigvalsh(_dense(apply_fn, params, x, labels, "cross_entropy", "empirical"))[-1]
-  np.testing.assert_allclose([a, b], [want, want], rtol=1e-4)
-  # the matvec itself is symmetric positive semi-definite
-  mv, dim, _ = oa.fisher_matvec(apply_fn, params, x, loss="cross_entropy")
+  want = np.linalg.eigvalsh(dense["cross_entropy", "empirical"])[-1]
+  np.testing.assert_allclose(run(params, x, jax.nn.one_hot(labels, C)), want, rtol=1e-4)
+
+  # the matvec itself: symmetric positive semi-definite, G u = dense G u
+  @jax.jit
+  def products(p, u, v):
+    mv, _, _ = oa.fisher_matvec(apply_fn, p, x, loss="cross_entropy")
+    return u @ mv(v), v @ mv(u), v @ mv(v), mv(u)
+
+  dim = dense["cross_entropy", "gauss_newton"].shape[0]
   u, v = (jax.random.normal(k, (dim,)) for k in jax.random.split(jax.random.key(0)))
-  np.testing.assert_allclose(u @ mv(v), v @ mv(u), rtol=1e-4)
-  assert float(v @ mv(v)) >= 0.0
+  uv, vu, vv, gu = products(params, u, v)
+  np.testing.assert_allclose(uv, vu, rtol=1e-4)
+  assert float(vv) >= 0.0
+  np.testing.assert_allclose(gu, dense["cross_entropy", "gauss_newton"] @ np.asarray(u),
+                             rtol=1e-4, atol=1e-6)
 
 
-def test_ntk_and_mse_gauss_newton_share_their_nonzero_spectrum(setup):
+def test_ntk_and_mse_gauss_newton_share_their_nonzero_spectrum(setup, dense):
   apply_fn, params, x, _, _ = setup
   ntk = np.asarray(oa.empirical_ntk(apply_fn, params, x), np.float64)
   assert ntk.shape == (B * C, B * C)
   np.testing.assert_allclose(ntk, ntk.T, atol=1e-5)
-  # Θ = J Jᵀ entry by entry: example-major rows.
-  flat, unravel = ravel_pytree(params)
-  jac = np.asarray(jax.jacobian(lambda t: apply_fn(unravel(t), x))(flat), np.float64)
-  np.testing.assert_allclose(ntk, jac.reshape(B * C, -1) @ jac.reshape(B * C, -1).T, rtol=1e-4,
-                             atol=1e-5)
+  jac = dense["jacobian"]   # Θ = J Jᵀ entry by entry, example-major rows
+  np.testing.assert_allclose(ntk, jac @ jac.T, rtol=1e-4, atol=1e-5)
   blocks = np.asarray(oa.empirical_ntk(apply_fn, params, x, flat=False))
   np.testing.assert_allclose(blocks[2, 4], ntk[2 * C:3 * C, 4 * C:5 * C], rtol=1e-6)
 
   theta = np.asarray(oa.ntk_eigenvalues(apply_fn, params, x), np.float64)
-  gn = np.linalg.eigvalsh(_dense(apply_fn, params, x, None, "mse", "gauss_newton"))[::-1]
+  gn = np.linalg.eigvalsh(dense["mse", "gauss_newton"])[::-1]
   rank = int(np.sum(theta > 1e-4 * theta[0]))
   assert rank == B * C   # P = 43 parameters > B·C = 18 outputs: Θ has full rank here
   # non-zero eigenvalues: λ(G) = λ(Θ) / B; G has P − rank further zeros

@@ -69,56 +69,66 @@ def test_exact_and_lanczos_equal_numpy_svd_of_the_layer_product():
   np.testing.assert_allclose(lz.smallest_mean, want[:, ::-1][:, :2].mean(0), rtol=2e-3)
   assert bool(jnp.all(lz.converged))
 
-  # The reverse shape (9 -> 7): Lanczos on JJᵀ, the smaller Gram.
+  # The reverse shape (9 -> 7): Lanczos on JJᵀ, the smaller Gram (the larger one,
+  # JᵀJ, would put two zero eigenvalues at the bottom instead of σ_6², σ_7²).
   ws_t, bs_t = _tanh_mlp(2, SIZES[::-1])
   g = _jax_mlp(ws_t, bs_t)
   xt = np.random.default_rng(3).standard_normal((2, SIZES[-1]))
   want_t = np.stack([np.linalg.svd(_numpy_jacobian(ws_t, bs_t, xi), compute_uv=False)
                      for xi in xt])
-  assert oa.gram_operator(g, jnp.asarray(xt[0], jnp.float32))[1:] == (SIZES[0], "JJt")
-  lz = _lanczos_svals(g, jnp.asarray(xt, jnp.float32), 3, "largest")
-  np.testing.assert_allclose(lz.largest, want_t[:, :3], rtol=1e-4)
+  lz = _lanczos_svals(g, jnp.asarray(xt, jnp.float32), 2, "both")
+  np.testing.assert_allclose(lz.largest, want_t[:, :2], rtol=1e-4)
+  np.testing.assert_allclose(lz.smallest, want_t[:, ::-1][:, :2], rtol=2e-3)
   # per_example=False: one example, no batch axis.
   one = oa.jacobian_singular_values(g, jnp.asarray(xt[1], jnp.float32), k=2, which="smallest",
                                     per_example=False)
   np.testing.assert_allclose(one.smallest, want_t[1, ::-1][:2], rtol=1e-4)
 
 
-def _small_deep_mlp(weights="euclidean"):
-  return oj.models.DeepMLP(5, 4, 16, 3, q_star=0.5, init="orthogonal", weights=weights,
-                           rngs=nnx.Rngs(0))
-
-
 def test_deep_mlp_hidden_map_is_the_product_of_layer_jacobians():
-  model = _small_deep_mlp()
+  model = oj.models.DeepMLP(5, 4, 16, 3, q_star=0.5, rngs=nnx.Rngs(0))
   x = jnp.asarray(np.random.default_rng(4).standard_normal((2, 5)), jnp.float32)
   hs = np.asarray(model.preactivations(x), np.float64)          # (L + 1, B, width)
   w_in, w = (np.asarray(a, np.float64) for a in model.effective_kernels())
-  # h^a -> h^b: the row-form product D_a W^a ... D_{b-1} W^{b-1}, transposed.
-  for a, b in ((1, 5), (2, 4)):
-    f = oa.deep_mlp_hidden_map(model, a, b)
-    np.testing.assert_allclose(f(hs[a - 1]), hs[b - 1], rtol=1e-5, atol=1e-5)
-    got = oa.jacobian_singular_values(f, jnp.asarray(hs[a - 1], jnp.float32)).largest
-    for i in range(2):
-      prod = np.eye(16)
-      for layer in range(a, b):
-        prod = prod @ np.diag(1.0 - np.tanh(hs[layer - 1, i]) ** 2) @ w[layer - 1]
-      np.testing.assert_allclose(got[i], np.linalg.svd(prod.T, compute_uv=False), rtol=1e-4,
-                                 atol=1e-6)
-  # from the input: x -> h^{L+1}; the default to_layer is L + 1.
-  f0 = oa.deep_mlp_hidden_map(model, 0)
-  np.testing.assert_allclose(f0(x), hs[-1], rtol=1e-5, atol=1e-5)
-  jac = np.asarray(jax.jacfwd(f0)(x[0]), np.float64)
-  np.testing.assert_allclose(oa.jacobian_singular_values(f0, x).largest[0],
-                             np.linalg.svd(jac, compute_uv=False), rtol=1e-5)
+
+  def product(a, b, i):
+    """∂h^b/∂h^a of example i: (D_a W^a ⋯ D_{b−1} W^{b−1})ᵀ, W⁰ first from the input."""
+    prod = w_in if a == 0 else np.eye(16)
+    for layer in range(max(a, 1), b):
+      prod = prod @ np.diag(1.0 - np.tanh(hs[layer - 1, i]) ** 2) @ w[layer - 1]
+    return prod.T
+
+  f = oa.deep_mlp_hidden_map(model, 2, 5)            # h² -> h⁵ = h^{L+1}
+  np.testing.assert_allclose(f(hs[1]), hs[4], rtol=1e-5, atol=1e-5)
+  got = oa.jacobian_singular_values(f, jnp.asarray(hs[1], jnp.float32)).largest
+  want = [np.linalg.svd(product(2, 5, i), compute_uv=False) for i in range(2)]
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+  # from the input (a = 0) to h³; and the default to_layer is L + 1
+  f0 = oa.deep_mlp_hidden_map(model, 0, 3)
+  np.testing.assert_allclose(f0(x), hs[2], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(oa.deep_mlp_hidden_map(model, 0)(x), hs[-1], rtol=1e-5, atol=1e-5)
+  got = oa.jacobian_singular_values(f0, x).largest
+  want = [np.linalg.svd(product(0, 3, i), compute_uv=False) for i in range(2)]
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+class _TanhNet(nnx.Module):
+  def __init__(self, rngs):
+    self.l1 = nnx.Linear(5, 8, rngs=rngs)
+    self.l2 = nnx.Linear(8, 4, rngs=rngs)
+
+  def __call__(self, x):
+    return self.l2(jnp.tanh(self.l1(x)))
 
 
 def test_nnx_module_is_called_in_eval_mode_on_batches_of_one():
-  model = _small_deep_mlp("stiefel")
-  x = jnp.asarray(np.random.default_rng(5).standard_normal((3, 5)), jnp.float32)
-  got = oa.jacobian_singular_values(model, x, k=2)
+  model = _TanhNet(nnx.Rngs(0))
+  x = np.random.default_rng(5).standard_normal((3, 5))
+  got = oa.jacobian_singular_values(model, jnp.asarray(x, jnp.float32), k=2)
+  w1, b1 = np.asarray(model.l1.kernel[...], np.float64), np.asarray(model.l1.bias[...])
+  w2 = np.asarray(model.l2.kernel[...], np.float64)
   for i in range(3):
-    jac = np.asarray(jax.jacfwd(model)(x[i]), np.float64)
+    jac = (w1 @ np.diag(1.0 - np.tanh(x[i] @ w1 + b1) ** 2) @ w2).T
     np.testing.assert_allclose(got.largest[i], np.linalg.svd(jac, compute_uv=False)[:2],
                                rtol=1e-5)
   # Eval mode, without touching the caller's model: dropout is off in the analysis.
@@ -174,7 +184,7 @@ def test_bad_input():
     oa.jacobian_singular_values(np.eye(3), x)
   with pytest.raises(ValueError, match="batch axis"):
     oa.jacobian_singular_values(f, jnp.float32(1.0))
-  model = _small_deep_mlp()
+  model = oj.models.DeepMLP(5, 4, 16, 3, sigma_w=1.0, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="from_layer < to_layer"):
     oa.deep_mlp_hidden_map(model, 3, 3)
   with pytest.raises(ValueError, match="depth \\+ 1 = 5"):
