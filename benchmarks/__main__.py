@@ -31,6 +31,7 @@ SUITES: list[tuple[str, str]] = [
     ("resnet", "benchmarks.resnet_bench"),
     ("input", "benchmarks.input_bench"),
     ("sharding", "benchmarks.sharding_bench"),
+    ("analysis", "benchmarks.analysis_bench"),
 ]
 
 

@@ -10,7 +10,9 @@ from orthojax import penalties
 from orthojax import optim
 from orthojax import nn
 from orthojax import models
+from orthojax import analysis
 
 __version__ = "0.1.0"
 
-__all__ = ["linalg", "manifolds", "penalties", "optim", "nn", "models", "__version__"]
+__all__ = ["linalg", "manifolds", "penalties", "optim", "nn", "models", "analysis",
+           "__version__"]
