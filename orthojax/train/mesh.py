@@ -157,9 +157,14 @@ def param_shardings(state: Any, mesh: Mesh, rules: Sequence[tuple[str, Any]] = D
 
 def opt_state_shardings(tx: optax.GradientTransformation, abstract_params: Any,
                         params_shardings: Any, mesh: Mesh) -> Any:
-  """Optimizer-state shardings: param-shaped leaves follow their param, the rest replicate."""
+  """Optimizer-state shardings: param-shaped leaves follow their param, the rest replicate.
+
+  ``optax.MaskedNode`` s (where a partitioned or masked transformation holds
+  no state for a param) stay as they are: they are empty subtrees.
+  """
   abstract_state = jax.eval_shape(tx.init, abstract_params)
+  masked = lambda x: isinstance(x, optax.MaskedNode)
   return optax.tree_map_params(
-      tx, lambda _, sharding: sharding, abstract_state, params_shardings,
-      transform_non_params=lambda _: replicated(mesh),
-      is_leaf=lambda x: isinstance(x, NamedSharding))
+      tx, lambda leaf, sharding: leaf if masked(leaf) else sharding, abstract_state,
+      params_shardings, transform_non_params=lambda _: replicated(mesh),
+      is_leaf=lambda x: isinstance(x, NamedSharding) or masked(x))

@@ -9,6 +9,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -195,3 +196,21 @@ def test_restore_best_survives_resume(tmp_path):
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                resumed.best_state.params, straight.best_state.params)
   assert resumed.split_metrics["test"] == pytest.approx(straight.split_metrics["test"])
+
+
+@pytest.mark.parametrize("weights", ["stiefel", "oblique"])
+def test_manifold_weights_train_on_the_manifold_through_the_partition(tmp_path, weights):
+  """--weights=stiefel|oblique: Riemannian Adam for the kernels, Adam for the rest, sharded
+  over an fsdp mesh (optimizer state with MaskedNodes for the other partition)."""
+  import orthojax as oj
+  config = Config(model="deep_mlp", depth=3, width=16, q_star=0.5, init="orthogonal",
+                  weights=weights, dataset="digits", batch_size=64, num_steps=30,
+                  optimizer="radam", lr=1e-2, log_every=10, mesh_data=2, mesh_fsdp=4, seed=2)
+  result, log = _run(config, tmp_path, weights)
+  losses = _losses(log)
+  assert losses[-1] < 0.7 * losses[0]
+  manifold = oj.manifolds.Stiefel() if weights == "stiefel" else oj.manifolds.Oblique()
+  params = result.state.params["model"]
+  assert float(manifold.defect(params["in_kernel"])) < 1e-4
+  assert float(jnp.max(manifold.defect(params["kernels"], view=oj.linalg.MatrixView.stacked()))
+               ) < 1e-4
