@@ -69,7 +69,7 @@ class MetricsWriter:
 
   def _summary_writer(self, split: str):
     if split not in self._tb:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      from orthojax.train.data._tf import tf  # pylint: disable=g-import-not-at-top  (GPUs hidden)
       self._tb[split] = tf.summary.create_file_writer(os.path.join(self.workdir, "tb", split))
     return self._tb[split]
 
@@ -89,7 +89,7 @@ class MetricsWriter:
       self._jsonl.write(json.dumps({"step": int(step), "split": split, **values}) + "\n")
       self._jsonl.flush()
     if self._tensorboard:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      from orthojax.train.data._tf import tf  # pylint: disable=g-import-not-at-top  (GPUs hidden)
       with self._summary_writer(split).as_default():
         for name, value in values.items():
           tf.summary.scalar(name, value, step=int(step))

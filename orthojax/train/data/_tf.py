@@ -15,9 +15,15 @@ covers environments that install the full ``tensorflow`` wheel.)
 
 from __future__ import annotations
 
+import os
 import warnings
 
-import tensorflow as tf
+# oneDNN is TF's CPU kernel library for dense math, which tf.data and
+# tf.summary do not use; enabled, TF prints a banner about it on every start.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
 
 try:
   tf.config.set_visible_devices([], "GPU")
