@@ -82,7 +82,9 @@ def test_parse_flags_names_the_bad_flag(kwargs, message):
       [2, 8], ["gaussian"], [0.5, 0.2])
 
 
-def test_smoke_flagfile_runs_and_reports(tmp_path):
+def test_smoke_flagfile_runs_and_reports(tmp_path, monkeypatch):
+  # Runs with the same program (same depth / penalty kind) share XLA compilations.
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax_cache"))
   workdir = tmp_path / "e7"
   proc = _cli.run("deep_linear", SMOKE, f"--workdir={workdir}")
   results = json.loads((workdir / "results.json").read_text())
@@ -129,13 +131,18 @@ def test_smoke_flagfile_runs_and_reports(tmp_path):
             record["epochs_to_threshold"]["0.5"])
 
 
-@pytest.mark.parametrize("flag, message", [
-    ("--depths=2,x", "--depths=2,x: 'x' is not an integer"),
-    ("--lr_scaling=sqrt", "--lr_scaling=sqrt: unknown"),
-    ("--loss=mse", "--loss=mse: digits is a classification set"),
+@pytest.mark.parametrize("flags, message", [
+    (["--depths=2,x"], "--depths=2,x: 'x' is not an integer"),
+    (["--lr_scaling=sqrt"], "--lr_scaling=sqrt: unknown"),
+    (["--loss=mse"], "--loss=mse: digits is a classification set"),
+    # MNIST 784 → width 128 → 10: depth 2 would leave no square factor (an empty stack).
+    (["--flagfile=experiments/flags/deep_linear_mnist.flags", "--depths=2,8"],
+     "--depths=2,8: with 784 inputs, width 128 and 10 outputs a depth-D net has 2 "
+     "rectangular end factor(s)"),
 ])
-def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
-  proc = _cli.run("deep_linear", SMOKE, f"--workdir={tmp_path}", flag, check=False, timeout=120)
+def test_bad_flags_fail_fast_with_one_line(tmp_path, flags, message):
+  proc = _cli.run("deep_linear", SMOKE, f"--workdir={tmp_path}", *flags, check=False,
+                  timeout=120)
   assert proc.returncode == 2
   lines = proc.stderr.strip().splitlines()
   assert lines[-1].startswith(f"error: {message}"), proc.stderr

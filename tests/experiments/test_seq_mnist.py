@@ -67,7 +67,9 @@ def test_check_base_names_the_bad_flag(changes, message):
   assert str(e.value).startswith(message)
 
 
-def test_smoke_flagfile_runs_and_reports(tmp_path):
+def test_smoke_flagfile_runs_and_reports(tmp_path, monkeypatch):
+  # Runs with the same program (same depth / penalty kind) share XLA compilations.
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax_cache"))
   workdir = tmp_path / "e6"
   proc = _cli.run("seq_mnist", SMOKE, f"--workdir={workdir}")
   results = json.loads((workdir / "results.json").read_text())
@@ -87,7 +89,7 @@ def test_smoke_flagfile_runs_and_reports(tmp_path):
   report = (workdir / "report.md").read_text()
   assert "| orthogonal_gain_adj_so | 1.2 | 0.01 | test accuracy (%) | — |" in report
   assert "NOT comparable to the paper's full MNIST" in report
-  assert "gain-adjusted vs plain SO at λ=0.01" in report
+  assert "gain-adjusted − plain SO at λ=0.01, final validation accuracy: " in report
   for name in ("seq_mnist_sv_bands.png", "seq_mnist_val_acc.png"):
     png = (workdir / name).read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
@@ -132,3 +134,23 @@ def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {message}"), proc.stderr
   assert not (tmp_path / "runs").exists()
+
+
+def test_claim_notes_weigh_differences_against_seed_noise():
+  row = lambda variant, lam, metric, ours: seq_mnist._harness.Row(
+      {"variant": variant, "g": "1.2" if lam != "0" else "1", "λ": lam}, metric, ours)
+  val = "final validation accuracy (%)"
+  rows = [row("glorot", "0", val, [80.0, 81.0, 79.0]),
+          row("orthogonal", "0", val, [90.0, 91.0, 89.0]),            # +10, SE tiny: resolved
+          row("orthogonal_gain_so", "0.01", val, [85.0, 80.0, 90.0]),
+          row("orthogonal_gain_adj_so", "0.01", val, [84.0, 79.0, 89.0]),   # −1, noisy
+          row("glorot", "0", "final σ mean", [0.9]), row("glorot", "0", "final σ std", [0.6])]
+  notes = seq_mnist.claim_notes(rows, {"glorot": {1: [20.0], 2: [30.0]},
+                                       "orthogonal": {1: [25.0], 2: [28.0]}})
+  text = "\n".join(notes)
+  assert "orthogonal − Glorot init, final validation accuracy: +10.00 points (> 2 standard " \
+         "errors = 1.63: agrees with the paper's orthogonal > Glorot)" in text
+  assert "gain-adjusted − plain SO at λ=0.01, final validation accuracy: -1.00 points (within " \
+         "2 standard errors" in text and "opposite to the paper's adjusted > plain" in text
+  assert "glorot 0.9 / 0.6" in text
+  assert "at epoch 1: orthogonal (25.00 %)" in text and "at epoch 2: glorot (30.00 %)" in text
