@@ -1,0 +1,242 @@
+r"""E1 — ResNet-50 on ImageNet with BN, WN+MBN and GmP+IMN (GmP paper Table 1).
+
+    python -m experiments.resnet50 --flagfile=experiments/flags/e1_resnet50_bn.flags \
+        --workdir=runs/e1_bn          # likewise e1_resnet50_wn_mbn / e1_resnet50_gmp_imn
+    python -m experiments.report runs/e1_bn runs/e1_wn_mbn runs/e1_gmp_imn   # one table
+
+**One variant per invocation** (``--variant`` of the flagfile): each run is days
+of a pod slice, so the three are separate jobs — launched side by side on
+different slices (``launch/tpu_pod.sh``, ``launch/gpu_slurm.sh``), preempted
+and resumed independently (rerun the same command: the trainer resumes from
+the run's last checkpoint), and merged afterwards by ``experiments.report``.
+The flagfiles hold training flags only, so ``python -m experiments.train``
+runs them too (as ``launch/README.md`` does); this module adds the report.
+
+Protocol (``e1_resnet50_base.flags``; SPEC E1 and the paper's Appendix C.1,
+"the same setup as He et al. 2016"): ResNet-50 v1.5 (:class:`orthojax.models.ResNet`),
+SGD with momentum 0.9 at lr 0.1 for batch 256 (scale linearly with the batch),
+the lr ×0.1 when top-1 has not improved for 5 epochs, stop after 10 flat
+epochs or 90 epochs (``--schedule=plateau``, ``--plateau_patience=5``,
+``--early_stopping_patience=10``; both count evaluations, so
+``--eval_every`` = one epoch = 1,281,167 // batch steps), the best state
+restored for the final evaluation. Data: tfds ``imagenet2012`` — random
+shorter side 256–480 keeping the aspect ratio, random 224² crop, horizontal
+flip, colour jitter and PCA lighting; single centre-crop (256 → 224)
+evaluation on the 50,000 validation images (:mod:`orthojax.train.data.imagenet`).
+
+The report: final top-1 / top-5 (%) beside Table 1 (WN+MBN 72.58 / 90.77,
+BN 73.63 / 91.11, GmP+IMN 75.57 / 92.68; the paper's ± are 0.05–0.16), and
+the measured training throughput — the median over the logged intervals of
+train steps/s × global batch (intervals include the input pipeline; those
+with an evaluation or a checkpoint in them are outliers the median ignores).
+Plots: bars of ours vs the paper, and top-1 over epochs.
+
+How ours differs from the paper / what to expect:
+
+* no weight decay: He et al. use an L2 penalty of 1e-4, but the trainer's
+  ``--weight_decay`` applies to ``adamw`` only (``orthojax/train/optimizers.py``),
+  so these runs have none — expect a lower top-1 than the paper's for every
+  variant (weight decay is worth about 1–2 points on ResNet-50);
+* Flax's own ImageNet example reaches 76.1–76.7 % top-1 with BN (its own
+  recipe: cosine schedule with warmup, ~100 epochs); our BN run follows the
+  paper's plateau recipe instead;
+* ResNet v1.5 (stride on the 3×3 conv) with zero-initialised last BN scale
+  per block (BN variant); the GmP+IMN net centres only the inputs of GmP convs
+  (see :mod:`orthojax.models._resnet`), the released ResNet-34 code centres
+  the whole residual stream.
+
+``resnet50_smoke.flags`` runs the same recipe end to end on CPU in about a
+minute: ResNet-18 on random 64×64 ``fake`` images — its numbers say nothing
+about ImageNet (the report says so) but exercise checkpoints, preemption /
+resume, evaluation and the report.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any, Sequence
+
+from absl import app
+from absl import flags
+
+from experiments import _harness
+
+NORMS = ("bn", "wn_mbn", "gmp_imn", "none")
+# GmP paper Table 1: single centre-crop validation accuracy (%), top-1 / top-5.
+PAPER = {"wn_mbn": (72.58, 90.77), "bn": (73.63, 91.11), "gmp_imn": (75.57, 92.68)}
+FLAX_BN_TOP1 = (76.1, 76.7)     # Flax examples/imagenet, ResNet-50 with BN
+IMAGENET_TRAIN = 1_281_167
+
+_harness.define_flags()
+
+
+# ------------------------------------------------ Shared with E2 (vgg6_imagenet32) --
+
+def throughput(run_dir: str, batch_size: int) -> dict[str, float]:
+  """Training speed of a run from its ``metrics.jsonl``: median steps/s × batch.
+
+  Returns ``{"steps_per_sec", "images_per_sec", "intervals"}`` (NaN without
+  a logged interval: the first train line of each process has no rate).
+  """
+  from orthojax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  rates = [r["steps_per_sec"] for r in metrics_lib.read_jsonl(
+      os.path.join(run_dir, "metrics.jsonl")) if r.get("split") == "train"
+           and "steps_per_sec" in r]
+  if not rates:
+    return {"steps_per_sec": float("nan"), "images_per_sec": float("nan"), "intervals": 0}
+  rate = statistics.median(rates)
+  return {"steps_per_sec": rate, "images_per_sec": rate * batch_size, "intervals": len(rates)}
+
+
+def plot_curves(workdir: str, runs: Sequence[_harness.Run], path: str, title: str) -> str:
+  """Eval top-1 / top-5 (%) against epochs for every run (from each ``metrics.jsonl``)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
+  from orthojax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+  for run in runs:
+    config = run.config
+    info = data_lib.dataset_info(config.dataset, data_dir=config.data_dir or None,
+                                 **config.options)
+    per_epoch = max(info.num_train // config.batch_size, 1)
+    records = [r for r in metrics_lib.read_jsonl(os.path.join(workdir, "runs", run.name,
+                                                              "metrics.jsonl"))
+               if r.get("split") == "eval"]
+    by_step = {r["step"]: r for r in records}      # a resumed run may repeat a step
+    steps = sorted(by_step)
+    for ax, key in zip(axes, ("top1", "top5")):
+      if steps and key in by_step[steps[0]]:
+        ax.plot([s / per_epoch for s in steps], [100 * by_step[s][key] for s in steps],
+                "o-", ms=3, label=run.name.replace("/", " "))
+  for ax, key in zip(axes, ("top-1", "top-5")):
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(f"eval {key} (%)")
+    ax.legend(fontsize=7)
+  fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
+
+
+def execute(run: _harness.Run, workdir: str, **kwargs: Any) -> dict[str, Any]:
+  """:func:`_harness.execute`, exiting cleanly when SIGTERM lands on a checkpoint step.
+
+  Works around a trainer bug: when the preemption flag is first seen at a
+  step that was just checkpointed periodically (``step % --checkpoint_every
+  == 0``), the loop saves that step a second time and Orbax raises
+  ``StepAlreadyExistsError`` (``orthojax/train/trainer.py``, the
+  ``checkpointer.preempted(step)`` branch after ``should_save``). The
+  checkpoint of that step is complete (the trainer closes the checkpointer,
+  waiting for the save, on the way out), so this is a preemption like any
+  other: same message, same exit, rerun to resume.
+  """
+  try:
+    return _harness.execute(run, workdir, **kwargs)
+  except Exception as e:  # pylint: disable=broad-except
+    if type(e).__name__ != "StepAlreadyExistsError":
+      raise
+    step = "".join(c for c in str(e).split("step", 1)[-1] if c.isdigit()) or "?"
+    print(f"Preempted: saved step {step}; rerun the same command to resume.", flush=True)
+    raise SystemExit(f"preempted during {run.name}; rerun the same command to resume") from None
+
+
+def check_data(config) -> Any:
+  """The dataset's info, or stop with the data module's message (manual download …)."""
+  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
+  try:
+    return data_lib.dataset_info(config.dataset, data_dir=config.data_dir or None,
+                                 **config.options)
+  except data_lib.DatasetNotFoundError as e:
+    _harness.fail(str(e))
+  except ValueError as e:
+    _harness.fail(f"--dataset={config.dataset} --dataset_options: {e}")
+
+
+# -------------------------------------------------------------------- Main --
+
+def rows_from(record: dict[str, Any], model: str, variant: str, batch: int,
+              speed: dict[str, float], comparable: bool) -> list[_harness.Row]:
+  """Top-1 / top-5 (%) beside Table 1, and the throughput, of one run."""
+  setting = {"model": model, "variant": variant, "batch": batch}
+  paper = PAPER.get(variant, (None, None))
+  note = "" if comparable else "not comparable: paper is ResNet-50 on ImageNet"
+  if variant == "bn" and comparable:
+    note = f"Flax example (BN): {FLAX_BN_TOP1[0]}–{FLAX_BN_TOP1[1]}"
+  rows = [_harness.Row(setting, "top-1 (%)", [100 * record["eval"]["top1"]], paper[0], note),
+          _harness.Row(setting, "top-5 (%)", [100 * record["eval"]["top5"]], paper[1],
+                       "" if comparable else note)]
+  rows.append(_harness.Row(setting, "throughput (images/s)", [speed["images_per_sec"]], None,
+                           f"median of {speed['intervals']} logged intervals"))
+  return rows
+
+
+def main(argv):
+  base = _harness.start(argv)
+  if not base.model.startswith("resnet"):
+    _harness.fail(f"--model={base.model}: E1 trains a ResNet (resnet18, resnet34, resnet50, "
+                  f"resnet101)")
+  if base.variant not in NORMS:
+    _harness.fail(f"--variant={base.variant}: E1 variants are {', '.join(NORMS)} (Table 1: "
+                  f"bn, wn_mbn, gmp_imn)")
+  if not base.workdir:
+    _harness.fail("--workdir: the run's checkpoints, metrics and report go there")
+  info = check_data(base)
+  per_epoch = max(info.num_train // base.batch_size, 1)
+  if base.schedule == "plateau" and base.eval_every != per_epoch:
+    print(f"Note: --eval_every={base.eval_every} but one epoch is {per_epoch} steps; the "
+          f"plateau / early-stopping patience counts evaluations, not epochs", flush=True)
+  comparable = (base.model == "resnet50" and base.dataset == "imagenet2012")
+  run = _harness.Run(tags=(("model", base.model), ("variant", base.variant)), config=base)
+  run_dir = os.path.join(base.workdir, "runs", run.name)
+  start = time.perf_counter()
+  print(f"E1 {base.model} {base.variant} on {base.dataset}: batch {base.batch_size}, lr "
+        f"{base.lr:g}, {per_epoch} steps/epoch, workdir {run_dir}", flush=True)
+  record = _harness.fail_on_config_error(lambda: execute(
+      run, base.workdir, verbose=flags.FLAGS.verbose,
+      extra=lambda result: {"throughput": throughput(run_dir, base.batch_size)}))
+  speed = record.get("throughput") or throughput(run_dir, base.batch_size)
+  rows = rows_from(record, base.model, base.variant, base.batch_size, speed, comparable)
+  best = record.get("best") or {}
+  import jax  # pylint: disable=g-import-not-at-top
+  notes = [
+      f"{base.model} {base.variant}, {base.dataset}, batch {base.batch_size}, {base.optimizer} "
+      f"(momentum {base.momentum}) lr {base.lr:g}, schedule {base.schedule} (patience "
+      f"{base.plateau_patience} evals, ×{base.plateau_factor}), early stopping after "
+      f"{base.early_stopping_patience} evals, eval every {base.eval_every} steps "
+      f"({base.eval_every / per_epoch:.3g} epochs), restore best: {base.restore_best}",
+      f"trained {record['final_step']} steps ({record['final_step'] / per_epoch:.3g} epochs)"
+      + (f"; best top-1 {100 * best['top1']:.2f}% at step {best['step']}"
+         + (", stopped early" if best.get("stopped_early") else "") if "top1" in best else ""),
+      f"throughput: {speed['images_per_sec']:.4g} images/s = median {speed['steps_per_sec']:.4g}"
+      f" steps/s × batch {base.batch_size} on {jax.device_count()} × "
+      f"{jax.devices()[0].device_kind} ({jax.process_count()} process(es))",
+      "no weight decay (He et al.: 1e-4): --weight_decay only acts with adamw in "
+      "orthojax/train/optimizers.py",
+      f"Flax's ImageNet example reaches {FLAX_BN_TOP1[0]}–{FLAX_BN_TOP1[1]}% top-1 with BN "
+      f"(its own cosine recipe)",
+  ]
+  if not comparable:
+    notes.insert(0, f"{base.model} on {base.dataset}: a smoke/scaled run; Table 1 is ResNet-50 "
+                    f"on ImageNet — the paper column is the target, not a comparison")
+  plots = []
+  if _harness.is_writer():
+    plots.append(_harness.plot_rows([r for r in rows if r.metric != "throughput (images/s)"],
+                                    os.path.join(base.workdir, "e1_accuracy.png"),
+                                    group="model", series="variant",
+                                    title="E1 ImageNet validation accuracy"))
+    plots.append(plot_curves(base.workdir, [run], os.path.join(base.workdir, "e1_curves.png"),
+                             f"E1 {base.model} {base.variant}: evaluation over training"))
+  _harness.write_report(base.workdir, experiment="resnet50",
+                        title="E1 — ResNet-50 on ImageNet (GmP Table 1)", rows=rows,
+                        config=base, notes=notes, plots=plots,
+                        seconds=time.perf_counter() - start)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,166 @@
+"""E1: flagfiles, the smoke run (checkpoint, SIGTERM, resume, eval, report), missing ImageNet."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from absl import flags
+import pytest
+
+from experiments import resnet50
+from orthojax.train import flags as train_flags
+from tests.experiments import _cli
+
+SMOKE = "--flagfile=experiments/flags/resnet50_smoke.flags"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _config(flagfile: str):
+  """The Config a flagfile gives with the training flags only (as experiments.train reads it)."""
+  fv = flags.FlagValues()
+  train_flags.define_flags(fv)
+  cwd = os.getcwd()
+  os.chdir(_cli.REPO)    # nested --flagfile paths are relative to the repository root
+  try:
+    fv(["prog", f"--flagfile={flagfile}", "--workdir=/tmp/unused"])
+  finally:
+    os.chdir(cwd)
+  return train_flags.config_from_flags(fv, num_devices=1)
+
+
+@pytest.mark.parametrize("variant", ["bn", "wn_mbn", "gmp_imn"])
+def test_e1_flagfiles_are_the_papers_recipe(variant):
+  config = _config(f"experiments/flags/e1_resnet50_{variant}.flags")
+  assert (config.model, config.variant, config.dataset) == ("resnet50", variant, "imagenet2012")
+  assert (config.optimizer, config.momentum, config.lr, config.batch_size) == (
+      "momentum", 0.9, 0.1, 256)
+  assert (config.schedule, config.plateau_patience, config.plateau_factor) == ("plateau", 5, 0.1)
+  assert config.early_stopping_patience == 10 and config.num_epochs == 90
+  assert config.eval_every == config.checkpoint_every == resnet50.IMAGENET_TRAIN // 256
+  assert variant in resnet50.PAPER
+
+
+def _popen(*args: str) -> subprocess.Popen:
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+  env["PYTHONPATH"] = _cli.REPO + os.pathsep + env.get("PYTHONPATH", "")
+  return subprocess.Popen([sys.executable, "-m", "experiments.resnet50", *args], env=env,
+                          cwd=_cli.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+
+
+def _train_steps(path) -> list[int]:
+  if not os.path.exists(path):
+    return []
+  steps = []
+  with open(path) as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        continue
+      if record.get("split") == "train":
+        steps.append(record["step"])
+  return steps
+
+
+def _checkpoints(run_dir) -> list[int]:
+  path = run_dir / "checkpoints"
+  return sorted(int(p) for p in os.listdir(path) if p.isdigit()) if path.exists() else []
+
+
+def test_smoke_checkpoints_is_preempted_resumes_and_reports(tmp_path):
+  workdir = tmp_path / "e1"
+  run_dir = workdir / "runs/model=resnet18/variant=bn"
+  # 1. Start, wait for a checkpoint (every 2 steps) and a few more steps, then SIGTERM
+  #    as a preemption would.
+  proc = _popen(SMOKE, f"--workdir={workdir}")
+  deadline = time.monotonic() + 240
+  try:
+    while True:
+      if proc.poll() is not None:
+        out, err = proc.communicate()
+        pytest.fail(f"run ended before it could be preempted:\n{out[-2000:]}\n{err[-2000:]}")
+      if time.monotonic() > deadline:
+        pytest.fail("no checkpoint after 240 s")
+      if _checkpoints(run_dir) and max(_train_steps(run_dir / "metrics.jsonl") or [0]) >= 5:
+        break
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=180)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode != 0
+  saved = int(re.search(r"Preempted: saved step (\d+)", out).group(1))
+  assert 5 <= saved < 16
+  assert "rerun the same command to resume" in err
+  assert saved in _checkpoints(run_dir)
+  assert not (run_dir / "result.json").exists()
+
+  # 2. The same command resumes from that checkpoint and finishes with an evaluation.
+  again = _cli.run("resnet50", SMOKE, f"--workdir={workdir}", timeout=300)
+  assert f"Resumed from {run_dir / 'checkpoints'} at step {saved}" in again.stdout
+  record = json.loads((run_dir / "result.json").read_text())
+  assert record["final_step"] == 16
+  assert record["eval"]["examples"] == 16
+  for key in ("top1", "top5", "loss"):
+    assert math.isfinite(record["eval"][key]), key
+  assert 0 <= record["eval"]["top1"] <= record["eval"]["top5"] <= 1
+  assert record["throughput"]["images_per_sec"] > 0
+  assert _checkpoints(run_dir)[-1] == 16 and len(_checkpoints(run_dir)) <= 3   # keep 3
+  logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  evals = sorted({r["step"] for r in logged if r["split"] == "eval"})
+  assert evals == [4, 8, 12, 16]       # every epoch (4 steps), the last one final
+  train_steps = sorted({r["step"] for r in logged if r["split"] == "train"})
+  assert train_steps == list(range(1, 17))   # nothing lost across the resume
+
+  # 3. The report: Table 1's numbers in the paper column, flagged as not comparable.
+  results = json.loads((workdir / "results.json").read_text())
+  rows = {r["metric"]: r for r in results["rows"]}
+  assert rows["top-1 (%)"]["paper"] == resnet50.PAPER["bn"][0] == 73.63
+  assert rows["top-5 (%)"]["paper"] == resnet50.PAPER["bn"][1] == 91.11
+  assert rows["top-1 (%)"]["ours"] == [pytest.approx(100 * record["eval"]["top1"])]
+  assert "not comparable" in rows["top-1 (%)"]["note"]
+  assert rows["throughput (images/s)"]["paper"] is None
+  assert rows["throughput (images/s)"]["ours"][0] == pytest.approx(
+      record["throughput"]["images_per_sec"])
+  assert all(r["setting"] == {"model": "resnet18", "variant": "bn", "batch": 8}
+             for r in results["rows"])
+  assert "| resnet18 | bn | 8 | top-1 (%) | 73.63 |" in (workdir / "report.md").read_text()
+  for name in ("e1_accuracy.png", "e1_curves.png"):
+    assert (workdir / name).read_bytes()[:8] == PNG and (workdir / name).stat().st_size > 5000
+    assert f"Plot: {workdir / name}" in again.stdout
+
+
+def test_missing_imagenet_stops_with_the_manual_download_steps(tmp_path):
+  empty = tmp_path / "tensorflow_datasets"
+  empty.mkdir()
+  proc = _cli.run("resnet50", "--flagfile=experiments/flags/e1_resnet50_bn.flags",
+                  f"--workdir={tmp_path / 'e1'}", f"--data_dir={empty}", check=False,
+                  timeout=180)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  err = proc.stderr
+  assert f"error: imagenet2012 is not prepared in {empty}" in err
+  assert "manual" in err and f"{empty}/downloads/manual" in err
+  assert "ILSVRC2012_img_train.tar" in err and f"tfds build imagenet2012 --data_dir={empty}" in err
+  assert not (tmp_path / "e1" / "runs").exists()
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--variant=gmp", "--variant=gmp: E1 variants are bn, wn_mbn, gmp_imn, none"),
+    ("--model=vgg6", "--model=vgg6: E1 trains a ResNet"),
+])
+def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
+  proc = _cli.run("resnet50", SMOKE, f"--workdir={tmp_path}", flag, check=False, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"error: {message}"), last
+  assert not (tmp_path / "runs").exists()
