@@ -19,7 +19,8 @@ eigenvalues of ``A`` first; a Ritz pair ``(θ_i, V s_i)`` has residual
 ``λ`` of ``A`` satisfies ``|λ − θ_i| ≤`` that residual. In floating point the
 three-term recurrence loses orthogonality as Ritz values converge, so every
 new vector is orthogonalised again against the whole stored basis (classical
-Gram–Schmidt applied twice, "twice is enough"). When ``β_j`` vanishes the
+Gram–Schmidt, repeated once when the DGKS criterion asks for it: "twice is
+enough"). When ``β_j`` vanishes the
 Krylov space is invariant; the iteration then restarts from a random vector
 orthogonal to the basis with ``β_j = 0``, so ``T`` becomes block diagonal and
 the remaining eigenvalues are still found.
@@ -54,6 +55,8 @@ WHICH = ("largest", "smallest", "both")
 
 # β below this multiple of eps·‖T‖ is an invariant subspace (restart).
 _BREAKDOWN = 100.0
+# Reorthogonalise twice when one pass shrinks the vector below this fraction.
+_DGKS = 1.0 / np.sqrt(2.0)
 
 
 # ------------------------------------------------------------------------------
@@ -118,6 +121,12 @@ def _apply(matvec: Matvec, v: jax.Array, who: str) -> jax.Array:
   return w.astype(v.dtype)
 
 
+def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
+  """``a @ b`` at full float32 precision (no TF32/bf16 passes on GPU/TPU), so
+  that reorthogonalisation keeps the basis orthonormal to float32 round-off."""
+  return jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)
+
+
 def _dtype(dtype: Any) -> Any:
   dtype = jnp.dtype(jnp.float32 if dtype is None else dtype)
   if not jnp.issubdtype(dtype, jnp.floating):
@@ -138,10 +147,17 @@ class _State(NamedTuple):
 
 
 def _orthogonalise(w: jax.Array, basis: jax.Array) -> jax.Array:
-  """``w`` minus its projection on the rows of ``basis``, classical Gram–Schmidt twice."""
-  for _ in range(2):
-    w = w - basis.T @ (basis @ w)
-  return w
+  """``w`` minus its projection on the rows of ``basis`` (classical Gram–Schmidt).
+
+  A second pass runs only when the first removed a large part of ``w``
+  (``‖w'‖ < ‖w‖/√2``, the Daniel–Gragg–Kaufman–Stewart criterion, "twice is
+  enough"); in Lanczos the three-term recurrence has already removed almost
+  everything, so one pass over the stored basis is the rule.
+  """
+  project = lambda u: u - _dot(basis.T, _dot(basis, u))
+  once = project(w)
+  again = jnp.linalg.norm(once) < _DGKS * jnp.linalg.norm(w)
+  return jax.lax.cond(again, project, lambda u: u, once)
 
 
 def _step(matvec: Matvec, state: _State, j: jax.Array, key: jax.Array,
@@ -151,7 +167,7 @@ def _step(matvec: Matvec, state: _State, j: jax.Array, key: jax.Array,
   m, dim = basis.shape
   v = basis[j]
   w = _apply(matvec, v, who)
-  a = jnp.vdot(v, w)
+  a = _dot(v, w)
   b_prev = jnp.where(j > 0, beta[jnp.maximum(j - 1, 0)], 0.0)
   w = w - a * v - b_prev * basis[jnp.maximum(j - 1, 0)]
   if reorthogonalize:
@@ -245,7 +261,7 @@ class LanczosResult(NamedTuple):
 
   def ritz_vectors(self) -> jax.Array:
     """``(m, dim)`` Ritz vectors ``u_i = V s_i``, one per row, ascending ``θ_i``."""
-    return self.ritz_coefficients.T @ self.basis
+    return _dot(self.ritz_coefficients.T, self.basis)
 
 
 @compiled("key", "v0")
@@ -440,7 +456,7 @@ def top_eigenvalues(matvec: Matvec, dim: int, k: int = 1, *, which: str = "large
   # Rows >= n of the basis hold the next Lanczos vector or zeros: mask them.
   basis = jnp.where((jnp.arange(m) < n)[:, None], state.basis, 0.0)
   coeffs = jnp.moveaxis(s[:, idx], 0, -1)          # (w, k, m)
-  vecs = coeffs @ basis                              # (w, k, dim)
+  vecs = _dot(coeffs, basis)                        # (w, k, dim)
   if width == 1:
     vals, vecs, res = vals[0], vecs[0], res[0]
   return EigenResult(vals, vecs, res, n, ok)
@@ -475,7 +491,8 @@ def power_iteration(matvec: Matvec, dim: int, *, max_iters: int = 100, tol: floa
   r"""The dominant eigenpair by power iteration, to a relative change ``tol``.
 
   ``w = A v_t``,  ``λ_t = v_tᵀ w`` (Rayleigh quotient),  ``v_{t+1} = w/‖w‖``;
-  stops when ``|λ_t − λ_{t−1}| ≤ tol |λ_t|`` or after ``max_iters`` products.
+  stops when ``|λ_t − λ_{t−1}| ≤ tol |λ_t|`` or after ``max_iters`` products
+  (``tol = 0``: always ``max_iters``, unless ``A v = 0`` exactly).
   Converges to the eigenvalue of largest modulus (``λ_max`` for a positive
   semi-definite ``A`` such as a Gram, Gauss–Newton or Fisher matrix) at the
   rate ``(λ_2/λ_1)^{2t}`` for the Rayleigh quotient; a small relative change
@@ -512,10 +529,10 @@ def power_iteration(matvec: Matvec, dim: int, *, max_iters: int = 100, tol: floa
   def body(carry):
     v, lam_prev, t, _, _, _ = carry
     w = _apply(matvec, v, who)
-    lam = jnp.vdot(v, w)
+    lam = _dot(v, w)
     residual = jnp.linalg.norm(w - lam * v)
     norm = jnp.linalg.norm(w)
-    ok = (t > 0) & (jnp.abs(lam - lam_prev) <= tol * jnp.abs(lam))
+    ok = (t > 0) & (tol > 0) & (jnp.abs(lam - lam_prev) <= tol * jnp.abs(lam))
     # When A v = 0 the Rayleigh quotient 0 is exact: stop there.
     ok = ok | (norm <= tiny)
     v_new = jnp.where(norm > tiny, w / jnp.where(norm > tiny, norm, 1.0), v)

@@ -54,11 +54,14 @@ def _columns(rows: Any, keys: Sequence[str], variant: str) -> dict[str, np.ndarr
     if not rows:
       raise ValueError(f"records[{variant!r}] is empty")
     available = sorted({k for r in rows for k in r})
-    get = lambda k: np.asarray([r[k] for r in rows if k in r], dtype=np.float64)
+    # A metrics log mixes kinds of lines (train, eval, spectrum): keep the rows
+    # holding every key asked for.
+    rows = [r for r in rows if all(k in r for k in keys)]
+    get = lambda k: np.asarray([r[k] for r in rows], dtype=np.float64)
   missing = [k for k in keys if k not in available]
-  if missing:
-    raise ValueError(f"records[{variant!r}] lacks {missing}; available keys: {available[:20]}"
-                     + (" ..." if len(available) > 20 else ""))
+  if missing or (not isinstance(rows, Mapping) and not rows):
+    raise ValueError(f"records[{variant!r}] lacks {missing or 'rows with all of ' + str(keys)}; "
+                     f"available keys: {available[:20]}" + (" ..." if len(available) > 20 else ""))
   cols = {k: get(k) for k in keys}
   lengths = {len(v) for v in cols.values()}
   if len(lengths) != 1:
@@ -79,7 +82,9 @@ def plot_singular_value_bands(records: Mapping[str, Any], path: str | os.PathLik
 
   Args:
     records: ``{variant: rows}``; ``rows`` is a list of record dicts (e.g.
-      metrics-log lines) or a dict of equal-length sequences, holding
+      the trainer's metrics-log lines; rows lacking a needed key, such as
+      train or eval lines, are skipped) or a dict of equal-length sequences,
+      holding
       ``x_key`` and ``sv_mean``, ``sv_std``, ``sv_min``, ``sv_max`` — or
       ``"<leaf>/sv_mean"`` … when ``leaf`` is given (the keys of
       :func:`~orthojax.analysis.spectrum_stats`).

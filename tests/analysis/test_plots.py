@@ -29,6 +29,7 @@ def test_singular_value_bands(tmp_path):
   # keys as logged by spectrum_stats / spectrum_hook: "<leaf>/sv_mean", ...
   logged = {"v": [{"step": s, **{f"cell/kernel/{k}": v for k, v in r.items() if k != "epoch"}}
                   for s, r in zip((10, 20), _bands(range(2), 1.0, 0.0))]}
+  logged["v"].insert(1, {"step": 15, "split": "train", "loss": 0.3})   # other log lines
   path = oa.plot_singular_value_bands(logged, tmp_path / "logged.pdf", leaf="cell/kernel",
                                       x_key="step")
   assert (tmp_path / "logged.pdf").stat().st_size > 1000
