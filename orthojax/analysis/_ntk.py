@@ -91,7 +91,15 @@ def ntk_eigenvalues(apply_fn: Callable[[Any, Any], jax.Array], params: Any, x: A
   MSE Gauss–Newton / Fisher matrix ``G = JᵀJ / B`` of
   :func:`~orthojax.analysis.fisher_max_eigenvalue` (module docstring).
 
+  Args:
+    apply_fn: ``apply_fn(params, x) -> (B, C…)`` outputs.
+    params: the parameter pytree.
+    x: a (small) batch.
+
   Returns:
     ``(BC,)`` eigenvalues, descending.
+
+  References:
+    Sokol & Park 2020, appendix A.7.
   """
   return jnp.linalg.eigvalsh(empirical_ntk(apply_fn, params, x))[::-1]
