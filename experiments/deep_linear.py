@@ -335,16 +335,6 @@ def main(argv):
   if info.task == "classification" and base.loss != "cross_entropy":
     _harness.fail(f"--loss={base.loss}: {base.dataset} is a classification set; "
                   f"E7 trains with --loss=cross_entropy")
-  # DeepLinear stacks depth − (rectangular end factors) square factors; an empty stack
-  # (e.g. depth 2 with 784 inputs, width 128, 10 outputs) trains, but Orbax refuses
-  # to checkpoint a zero-size array — so ask for at least one square factor.
-  features = math.prod(info.input_shape)
-  outputs = info.num_classes if info.task == "classification" else 1
-  ends = (features != base.width) + (outputs != base.width)
-  if min(depths) <= ends:
-    _harness.fail(f"--depths={','.join(fv.depths)}: with {features} inputs, width "
-                  f"{base.width} and {outputs} outputs a depth-D net has {ends} rectangular "
-                  f"end factor(s) and D − {ends} square ones; use depths >= {ends + 1}")
   plan = runs(base, depths, inits, fv.num_seeds, fv.lr_scaling, info.num_train)
   for run in plan:
     _harness.fail_on_config_error(lambda run=run: run.config.validate(num_devices=1))

@@ -59,9 +59,10 @@ _harness.define_flags()
 _DATASETS = flags.DEFINE_list("uci_datasets", list(DATASETS), f"UCI sets: {', '.join(DATASETS)}.")
 _VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Variants: {', '.join(VARIANTS)}.")
 _SPLITS = flags.DEFINE_integer("num_splits", 10, "Random 80/20 splits per set (1..10).")
-_PROTOCOL = flags.DEFINE_enum("protocol", "honest", ["honest", "released"],
-                              "Model selection on a validation split (honest) or on the test "
-                              "split as the released code does (released, leaks).")
+PROTOCOLS = ("honest", "released")
+_PROTOCOL = flags.DEFINE_string("protocol", "honest",
+                                "honest: model selection on a validation split; released: on "
+                                "the test split, as the released code does (leaks).")
 _GMP_LR = flags.DEFINE_float("gmp_lr", 0.1, "Learning rate of the GmP variant (--lr for the rest).")
 _SKIP_MISSING = flags.DEFINE_bool("skip_missing", True,
                                   "Report a set whose data is missing instead of failing.")
@@ -113,6 +114,8 @@ def main(argv):
       lambda: _harness.flag_list("uci_datasets", _DATASETS.value, DATASETS))
   variants = _harness.fail_on_config_error(
       lambda: _harness.flag_list("variants", _VARIANTS.value, VARIANTS))
+  if _PROTOCOL.value not in PROTOCOLS:
+    _harness.fail(f"--protocol={_PROTOCOL.value}: unknown; choose one of {', '.join(PROTOCOLS)}")
   if not 1 <= _SPLITS.value <= 10:
     _harness.fail(f"--num_splits={_SPLITS.value}: must be in 1..10")
   if not base.workdir:

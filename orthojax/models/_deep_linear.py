@@ -49,7 +49,9 @@ class DeepLinear(nnx.Module):
 
   Attributes:
     in_kernel: ``(in_features, width)`` or None (the first factor is square).
-    kernels: ``(n, width, width)`` stacked square factors.
+    kernels: ``(n, width, width)`` stacked square factors, or None when both
+      ends are rectangular and ``depth = 2`` (an empty stack: zero-size arrays
+      cannot be checkpointed).
     out_kernel: ``(width, out_features)`` or None.
 
   Args:
@@ -92,7 +94,7 @@ class DeepLinear(nnx.Module):
     n = depth - has_in - has_out
     self.kernels = nnx.Param(
         make(MatrixView.stacked())(rngs.params(), (n, width, width), param_dtype),
-        **_sharding.metadata(_sharding.stacked(_sharding.DENSE_KERNEL)))
+        **_sharding.metadata(_sharding.stacked(_sharding.DENSE_KERNEL))) if n else None
     self.out_kernel = (nnx.Param(make(None)(rngs.params(), (width, int(out_features)),
                                             param_dtype), **meta) if has_out else None)
 
@@ -105,16 +107,18 @@ class DeepLinear(nnx.Module):
 
   def _apply(self, h: jax.Array) -> jax.Array:
     w_in, w, w_out = self._params()
-    h = jnp.asarray(h, w.dtype)
+    h = jnp.asarray(h, next(a for a in (w_in, w, w_out) if a is not None).dtype)
     if w_in is not None:
       h = h @ w_in
-    h, _ = jax.lax.scan(lambda carry, w_l: (carry @ w_l, None), h, w)
+    if w is not None:
+      h, _ = jax.lax.scan(lambda carry, w_l: (carry @ w_l, None), h, w)
     return h if w_out is None else h @ w_out
 
   def end_to_end(self) -> jax.Array:
     """The product ``W_1 ⋯ W_D``, ``(in_features, out_features)``."""
     rows = self.width if self.in_kernel is None else self.in_kernel.shape[0]
-    return self._apply(jnp.eye(rows, dtype=self.kernels[...].dtype))
+    dtype = next(v for v in (self.in_kernel, self.kernels, self.out_kernel) if v is not None)
+    return self._apply(jnp.eye(rows, dtype=dtype[...].dtype))
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """``x W_1 ⋯ W_D`` for inputs ``(*batch, in_features)``."""

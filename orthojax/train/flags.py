@@ -38,7 +38,8 @@ HELP: dict[str, str] = {
     "q_star": "Mean-field fixed point q* for the critical init (deep_mlp; inputs are scaled "
               "so that h1 has variance q*); 0 = not critical.",
     "weights": "euclidean | stiefel | oblique: where the hidden weights live.",
-    "gain": "Gain of orthogonal initialisations (rnn recurrent kernel).",
+    "gain": "Gain of the initialisation: the rnn's recurrent kernel (orthogonal x gain), "
+            "deep_linear's factors (scale).",
     "dataset": "Dataset name (see orthojax.train.data.DATASETS).",
     "data_dir": "tfds data_dir / dataset files. '' = tfds default (~/tensorflow_datasets).",
     "dataset_options": "key=value dataset options, repeatable (e.g. view=pixel).",

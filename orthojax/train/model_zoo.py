@@ -86,7 +86,8 @@ def build(config: Config, info: Any, rngs: nnx.Rngs) -> nnx.Module:
       raise ConfigError("--depth/--width: --model=deep_linear needs both")
     return Flatten(models.DeepLinear(depth=config.depth, width=config.width,
                                      in_features=features, out_features=out,
-                                     init=config.init or "gaussian", rngs=rngs))
+                                     init=config.init or "gaussian", scale=config.gain,
+                                     rngs=rngs))
   if name == "rnn":
     if len(info.input_shape) != 2:
       raise ConfigError(f"--model=rnn needs sequence inputs (time, features), the dataset "

@@ -135,10 +135,6 @@ def test_smoke_flagfile_runs_and_reports(tmp_path, monkeypatch):
     (["--depths=2,x"], "--depths=2,x: 'x' is not an integer"),
     (["--lr_scaling=sqrt"], "--lr_scaling=sqrt: unknown"),
     (["--loss=mse"], "--loss=mse: digits is a classification set"),
-    # MNIST 784 → width 128 → 10: depth 2 would leave no square factor (an empty stack).
-    (["--flagfile=experiments/flags/deep_linear_mnist.flags", "--depths=2,8"],
-     "--depths=2,8: with 784 inputs, width 128 and 10 outputs a depth-D net has 2 "
-     "rectangular end factor(s)"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flags, message):
   proc = _cli.run("deep_linear", SMOKE, f"--workdir={tmp_path}", *flags, check=False,

@@ -41,6 +41,7 @@ def test_smoke_flagfile_runs_and_reports_beside_the_paper(tmp_path):
     ("--uci_datasets=boston,mars", "--uci_datasets=boston,mars: unknown 'mars'"),
     ("--variants=sp,gmp2", "--variants=sp,gmp2: unknown 'gmp2'"),
     ("--num_splits=11", "--num_splits=11: must be in 1..10"),
+    ("--protocol=leaky", "--protocol=leaky: unknown; choose one of honest, released"),
     ("--lr=0", "--lr=0.0: must be > 0"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):

@@ -137,16 +137,19 @@ def test_rnn_bad_arguments():
 def _matrices(model):
   f64 = lambda v: np.asarray(v[...], np.float64)
   mats = [] if model.in_kernel is None else [f64(model.in_kernel)]
-  mats += list(f64(model.kernels))
+  mats += [] if model.kernels is None else list(f64(model.kernels))
   return mats + ([] if model.out_kernel is None else [f64(model.out_kernel)])
 
 
-@pytest.mark.parametrize("init,in_features,out_features", [
-    ("gaussian", None, None), ("orthogonal", 7, 3), ("gaussian", 8, None)])
-def test_deep_linear_is_the_product_of_its_matrices(init, in_features, out_features):
-  model = DeepLinear(5, 8, in_features, out_features, init=init, scale=1.1, rngs=nnx.Rngs(0))
+@pytest.mark.parametrize("init,depth,in_features,out_features", [
+    ("gaussian", 5, None, None), ("orthogonal", 5, 7, 3), ("gaussian", 5, 8, None),
+    ("orthogonal", 2, 7, 3)])   # depth 2, both ends rectangular: no square stack
+def test_deep_linear_is_the_product_of_its_matrices(init, depth, in_features, out_features):
+  model = DeepLinear(depth, 8, in_features, out_features, init=init, scale=1.1,
+                     rngs=nnx.Rngs(0))
+  assert (model.kernels is None) == (depth == 2)
   mats = _matrices(model)
-  assert len(mats) == 5
+  assert len(mats) == depth
   product = mats[0]
   for m in mats[1:]:
     product = product @ m
