@@ -134,7 +134,7 @@ def _params_and_views(params: Any, views: Any) -> tuple[Any, Any]:
       views = matrix_views(params)
     return nnx.to_pure_dict(state), views
   if isinstance(params, nnx.State):
-    return nnx.to_pure_dict(params), views
+    return nnx.to_pure_dict(params), matrix_views(params) if views is None else views
   return params, views
 
 

@@ -94,6 +94,7 @@ class DeepLinear(nnx.Module):
     n = depth - has_in - has_out
     self.kernels = nnx.Param(
         make(MatrixView.stacked())(rngs.params(), (n, width, width), param_dtype),
+        matrix_view=MatrixView.stacked(),
         **_sharding.metadata(_sharding.stacked(_sharding.DENSE_KERNEL))) if n else None
     self.out_kernel = (nnx.Param(make(None)(rngs.params(), (width, int(out_features)),
                                             param_dtype), **meta) if has_out else None)

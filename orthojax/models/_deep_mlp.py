@@ -232,7 +232,7 @@ class DeepMLP(nnx.Module):
       values = [make(self.sigma_w, v)(rngs.params(), s, param_dtype)
                 for s, v in zip(shapes, views)]
       self.in_kernel = nnx.Param(values[0], **_sharding.metadata(_sharding.DENSE_KERNEL))
-      self.kernels = nnx.Param(values[1], **_sharding.metadata(
+      self.kernels = nnx.Param(values[1], matrix_view=stacked, **_sharding.metadata(
           _sharding.stacked(_sharding.DENSE_KERNEL)))
       self.in_scale = self.scales = None
     else:

@@ -133,10 +133,8 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
   graphdef_train, abs_params, abs_rest = nnx.split(abstract, nnx.Param, ...)
   abstract.eval()
   graphdef_eval = nnx.split(abstract, nnx.Param, ...)[0]
-  labels = views = None
-  if config.weights != "euclidean":
-    labels = _pure(oj.nn.manifold_labels(abs_params))
-    views = _pure(oj.nn.matrix_views(abs_params))
+  labels = _pure(oj.nn.manifold_labels(abs_params)) if config.weights != "euclidean" else None
+  views = _pure(oj.nn.matrix_views(abs_params))   # stacks (scanned layers) carry theirs
   penalty_mask = model_zoo.penalty_mask(config, abstract, _pure(abs_params))
 
   # -------------------------------------------------------------- Sharding --

@@ -117,6 +117,18 @@ def test_modules_read_the_views_from_metadata():
   assert sorted({k.split("/")[0] for k in stats}) == ["kernels"]
 
 
+@pytest.mark.parametrize("as_state", [False, True])
+def test_model_zoo_stacks_carry_their_view(as_state):
+  """Euclidean scanned stacks (DeepMLP, DeepLinear) need no views= argument."""
+  for model in (oj.models.DeepMLP(16, 3, 8, 4, q_star=0.5, init="orthogonal",
+                                  rngs=nnx.Rngs(0)),
+                oj.models.DeepLinear(4, 8, init="orthogonal", scale=1.5, rngs=nnx.Rngs(0))):
+    stats = oa.spectrum_stats(nnx.state(model, nnx.Param) if as_state else model)
+    gain = model.sigma_w if isinstance(model, oj.models.DeepMLP) else 1.5
+    np.testing.assert_allclose(stats["kernels/sv_min"], gain, rtol=1e-5)
+    np.testing.assert_allclose(stats["kernels/sv_max"], gain, rtol=1e-5)
+
+
 def test_hook():
   params = {"dense": {"kernel": jnp.asarray(0.5 * _orthonormal(4, 6, 3), jnp.float32),
                       "bias": jnp.zeros(3)},
