@@ -33,10 +33,10 @@ Plots: bars of ours vs the paper, and top-1 over epochs.
 
 How ours differs from the paper / what to expect:
 
-* no weight decay: He et al. use an L2 penalty of 1e-4, but the trainer's
-  ``--weight_decay`` applies to ``adamw`` only (``orthojax/train/optimizers.py``),
-  so these runs have none — expect a lower top-1 than the paper's for every
-  variant (weight decay is worth about 1–2 points on ResNet-50);
+* weight decay: He et al.'s L2 of 1e-4 on conv and dense kernels; GmP layers
+  have no kernel — their angles are coordinates and are not decayed
+  (``orthojax.train.optimizers.decay_mask``) — so the GmP+IMN variant trains
+  without it (the paper does not say what it decayed);
 * Flax's own ImageNet example reaches 76.1–76.7 % top-1 with BN (its own
   recipe: cosine schedule with warmup, ~100 epochs); our BN run follows the
   paper's plateau recipe instead;
@@ -126,28 +126,6 @@ def plot_curves(workdir: str, runs: Sequence[_harness.Run], path: str, title: st
   return path
 
 
-def execute(run: _harness.Run, workdir: str, **kwargs: Any) -> dict[str, Any]:
-  """:func:`_harness.execute`, exiting cleanly when SIGTERM lands on a checkpoint step.
-
-  Works around a trainer bug: when the preemption flag is first seen at a
-  step that was just checkpointed periodically (``step % --checkpoint_every
-  == 0``), the loop saves that step a second time and Orbax raises
-  ``StepAlreadyExistsError`` (``orthojax/train/trainer.py``, the
-  ``checkpointer.preempted(step)`` branch after ``should_save``). The
-  checkpoint of that step is complete (the trainer closes the checkpointer,
-  waiting for the save, on the way out), so this is a preemption like any
-  other: same message, same exit, rerun to resume.
-  """
-  try:
-    return _harness.execute(run, workdir, **kwargs)
-  except Exception as e:  # pylint: disable=broad-except
-    if type(e).__name__ != "StepAlreadyExistsError":
-      raise
-    step = "".join(c for c in str(e).split("step", 1)[-1] if c.isdigit()) or "?"
-    print(f"Preempted: saved step {step}; rerun the same command to resume.", flush=True)
-    raise SystemExit(f"preempted during {run.name}; rerun the same command to resume") from None
-
-
 def check_data(config) -> Any:
   """The dataset's info, or stop with the data module's message (manual download …)."""
   from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
@@ -199,7 +177,7 @@ def main(argv):
   start = time.perf_counter()
   print(f"E1 {base.model} {base.variant} on {base.dataset}: batch {base.batch_size}, lr "
         f"{base.lr:g}, {per_epoch} steps/epoch, workdir {run_dir}", flush=True)
-  record = _harness.fail_on_config_error(lambda: execute(
+  record = _harness.fail_on_config_error(lambda: _harness.execute(
       run, base.workdir, verbose=flags.FLAGS.verbose,
       extra=lambda result: {"throughput": throughput(run_dir, base.batch_size)}))
   speed = record.get("throughput") or throughput(run_dir, base.batch_size)
@@ -218,8 +196,7 @@ def main(argv):
       f"throughput: {speed['images_per_sec']:.4g} images/s = median {speed['steps_per_sec']:.4g}"
       f" steps/s × batch {base.batch_size} on {jax.device_count()} × "
       f"{jax.devices()[0].device_kind} ({jax.process_count()} process(es))",
-      "no weight decay (He et al.: 1e-4): --weight_decay only acts with adamw in "
-      "orthojax/train/optimizers.py",
+      f"weight decay {base.weight_decay:g} (L2 on kernels; GmP angles are not decayed)",
       f"Flax's ImageNet example reaches {FLAX_BN_TOP1[0]}–{FLAX_BN_TOP1[1]}% top-1 with BN "
       f"(its own cosine recipe)",
   ]

@@ -55,7 +55,8 @@ HELP: dict[str, str] = {
     "lr": "Learning rate (peak, for schedules).",
     "euclidean_lr": "Learning rate of the Euclidean params; 0 = --lr.",
     "momentum": "Momentum of sgd-type optimizers.",
-    "weight_decay": "Decoupled weight decay (adamw).",
+    "weight_decay": "Weight decay of the Euclidean optimizer's kernels (rank >= 2, not GmP "
+                    "angles): decoupled for adamw, an L2 gradient term otherwise.",
     "grad_clip_norm": "Clip gradients to this global norm; 0 = off.",
     "grad_accum_steps": "Split each batch into this many micro-batches (same update).",
     "schedule": f"Learning-rate schedule: {', '.join(config_lib.SCHEDULES)}.",

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import optax
 
 import orthojax as oj
@@ -51,18 +52,32 @@ def schedule(config: Config, base_lr: float, total_steps: int) -> optax.Schedule
   raise ConfigError(f"--schedule={name}: unknown")
 
 
+def decay_mask(params: Any) -> Any:
+  """Where ``--weight_decay`` acts: kernels (rank ≥ 2), not biases or normalisation
+  scales (as Flax's ImageNet example), and not GmP angles ``theta`` — they are
+  coordinates, and shrinking them would turn every unit towards the first axis."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: x.ndim >= 2 and "'theta'" not in jax.tree_util.keystr(path), params)
+
+
 def _euclidean(name: str, lr: optax.ScalarOrSchedule, config: Config) -> optax.GradientTransformation:
-  if name == "sgd":
-    return optax.sgd(lr)
-  if name == "momentum":
-    return optax.sgd(lr, momentum=config.momentum)
-  if name == "nesterov":
-    return optax.sgd(lr, momentum=config.momentum, nesterov=True)
-  if name == "adam":
-    return optax.adam(lr)
+  """A Euclidean optimizer; ``--weight_decay`` is decoupled for ``adamw`` (Loshchilov &
+  Hutter) and an L2 term added to the gradient for the others (He et al.'s SGD)."""
   if name == "adamw":
-    return optax.adamw(lr, weight_decay=config.weight_decay)
-  raise ConfigError(f"--euclidean_optimizer={name}: unknown")
+    return optax.adamw(lr, weight_decay=config.weight_decay, mask=decay_mask)
+  if name == "sgd":
+    tx = optax.sgd(lr)
+  elif name == "momentum":
+    tx = optax.sgd(lr, momentum=config.momentum)
+  elif name == "nesterov":
+    tx = optax.sgd(lr, momentum=config.momentum, nesterov=True)
+  elif name == "adam":
+    tx = optax.adam(lr)
+  else:
+    raise ConfigError(f"--euclidean_optimizer={name}: unknown")
+  if config.weight_decay:
+    return optax.chain(optax.add_decayed_weights(config.weight_decay, mask=decay_mask), tx)
+  return tx
 
 
 def _manifold(name: str, lr: optax.ScalarOrSchedule, config: Config,

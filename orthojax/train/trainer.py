@@ -220,10 +220,17 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
           + (f"The last good checkpoint (step {last}) in {checkpointer.directory} is intact."
              if last is not None else "No checkpoint was written."))
 
+  saved_step = latest
+
   def save():
+    """Save ``step`` unless it is already saved (a periodic save at a preemption step)."""
+    nonlocal saved_step
     check_finite()
+    if saved_step == step:
+      return
     checkpointer.save(step, state, {**meta, "config": dataclasses.asdict(config)},
                       best=best_state if config.restore_best else None)
+    saved_step = step
 
   try:
     start_time = time.perf_counter()
@@ -273,7 +280,7 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
 
     # ------------------------------------------------------------ Final --
     if not preempted:
-      if checkpointer and (checkpointer.latest_step() != step):
+      if checkpointer:
         save()
       final = best_state if config.restore_best and best_state is not None else state
       if final is best_state:

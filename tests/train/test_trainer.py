@@ -214,3 +214,22 @@ def test_manifold_weights_train_on_the_manifold_through_the_partition(tmp_path, 
   assert float(manifold.defect(params["in_kernel"])) < 1e-4
   assert float(jnp.max(manifold.defect(params["kernels"], view=oj.linalg.MatrixView.stacked()))
                ) < 1e-4
+
+
+def test_sigterm_at_a_checkpoint_step_stops_cleanly_and_resumes(tmp_path):
+  """Preemption noticed at a step the periodic save just wrote: one save, a clean stop."""
+  def preempt_at_4(step, params):
+    if step == 4:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return {}
+
+  config = _BASE.replace(checkpoint_every=2, spectrum_every=1, num_steps=8)
+  previous = signal.getsignal(signal.SIGTERM)
+  try:
+    result, _ = _run(config, tmp_path, "preempted", hooks=(preempt_at_4,))
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  assert result.preempted and result.final_step == 4
+  resumed, log = _run(config, tmp_path, "preempted")
+  assert not resumed.preempted and resumed.final_step == 8
+  assert [r["step"] for r in log if r["split"] == "train"] == [4, 8]   # log_every=4
