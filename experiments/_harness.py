@@ -56,6 +56,11 @@ def define_flags() -> None:
   flags.DEFINE_integer("num_processes", 0, "Processes, with --coordinator_address.")
   flags.DEFINE_integer("process_id", -1, "This process, with --coordinator_address.")
   flags.DEFINE_bool("verbose", False, "Print every run's train/eval lines, not just summaries.")
+  # Shared by several experiments (one process may import them all, e.g. pytest):
+  flags.DEFINE_list("variants", [], "The experiment's variants to run (its docstring lists "
+                    "them); empty: all of them.")
+  flags.DEFINE_integer("num_seeds", 0, "Seeds per setting: --seed, --seed+1, ...; 0: the "
+                       "experiment's default.")
 
 
 def start(argv: Sequence[str]) -> Config:
@@ -88,6 +93,14 @@ def fail_on_config_error(fn: Callable[[], Any]) -> Any:
     return fn()
   except ConfigError as e:
     fail(str(e))
+
+
+def num_seeds(default: int) -> int:
+  """``--num_seeds``, or ``default`` when it is 0 (a ConfigError when negative)."""
+  value = flags.FLAGS.num_seeds
+  if value < 0:
+    raise ConfigError(f"--num_seeds={value}: must be >= 1 (0: the default, {default})")
+  return value or default
 
 
 def flag_list(name: str, value: Sequence[str], choices: Sequence[str]) -> list[str]:

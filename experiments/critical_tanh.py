@@ -72,7 +72,6 @@ _Q_STARS = flags.DEFINE_list("q_stars", ["0.015625", "0.0009", "0.5", "8"],
                              "Fixed points q* of the critical initialisations.")
 _KINDS = flags.DEFINE_list("weight_kinds", list(WEIGHT_KINDS),
                            f"Networks to train: {', '.join(WEIGHT_KINDS)}.")
-_SEEDS = flags.DEFINE_integer("num_seeds", 5, "Networks of each kind and q*.")
 _MANIFOLD_OPT = flags.DEFINE_string("manifold_optimizer", "radam",
                                     f"Optimizer of the manifold weights: "
                                     f"{', '.join(MANIFOLD_OPTIMIZERS)}.")
@@ -193,8 +192,7 @@ def main(argv):
   if _MANIFOLD_OPT.value not in MANIFOLD_OPTIMIZERS:
     _harness.fail(f"--manifold_optimizer={_MANIFOLD_OPT.value}: unknown; choose one of "
                   f"{', '.join(MANIFOLD_OPTIMIZERS)}")
-  if _SEEDS.value < 1:
-    _harness.fail(f"--num_seeds={_SEEDS.value}: must be >= 1")
+  seeds = _harness.fail_on_config_error(lambda: _harness.num_seeds(5))
   for name, value in (("diagnostic_batch", _DIAG_BATCH.value),
                       ("jacobian_examples", _JAC_EXAMPLES.value),
                       ("lanczos_iters", _LANCZOS.value)):
@@ -207,11 +205,11 @@ def main(argv):
   if _DIAG_BATCH.value > info.num_train:
     _harness.fail(f"--diagnostic_batch={_DIAG_BATCH.value}: the training split has only "
                   f"{info.num_train} examples")
-  runs = plan(base, q_stars, kinds, _SEEDS.value, _MANIFOLD_OPT.value, _MANIFOLD_LR.value)
+  runs = plan(base, q_stars, kinds, seeds, _MANIFOLD_OPT.value, _MANIFOLD_LR.value)
   runs = [_harness.Run(r.tags, r.config.replace(spectrum_every=steps_per_epoch))
           for r in runs]
   print(f"E5 critical tanh: {len(runs)} runs (q* {', '.join(map(_q_label, q_stars))} × "
-        f"{', '.join(kinds)} × {_SEEDS.value} seeds), depth {base.depth}, width {base.width}, "
+        f"{', '.join(kinds)} × {seeds} seeds), depth {base.depth}, width {base.width}, "
         f"{base.dataset}, {steps_per_epoch} steps/epoch", flush=True)
   start = time.perf_counter()
   records = []

@@ -91,7 +91,6 @@ def define_flags() -> None:
     return
   flags.DEFINE_list("depths", ["2", "4", "8", "16", "32"], "Depths D (number of linear factors).")
   flags.DEFINE_list("inits", list(INITS), f"Initialisations: {', '.join(INITS)}.")
-  flags.DEFINE_integer("num_seeds", 5, "Seeds per (depth, init): --seed, --seed+1, ...")
   flags.DEFINE_list("loss_thresholds", ["0.5", "0.2"],
                     "Training-loss thresholds; epochs until the loss first falls to each.")
   flags.DEFINE_string("lr_scaling", "inverse_depth",
@@ -319,8 +318,9 @@ def main(argv):
 
   fv = flags.FLAGS
   base = _harness.start(argv)
+  num_seeds = _harness.fail_on_config_error(lambda: _harness.num_seeds(5))
   depths, inits, thresholds = _harness.fail_on_config_error(lambda: parse_flags(
-      fv.depths, fv.inits, fv.num_seeds, fv.loss_thresholds, fv.lr_scaling))
+      fv.depths, fv.inits, num_seeds, fv.loss_thresholds, fv.lr_scaling))
   if not base.workdir:
     _harness.fail("--workdir: the experiment writes its runs and report there")
   if not base.width:
@@ -335,13 +335,13 @@ def main(argv):
   if info.task == "classification" and base.loss != "cross_entropy":
     _harness.fail(f"--loss={base.loss}: {base.dataset} is a classification set; "
                   f"E7 trains with --loss=cross_entropy")
-  plan = runs(base, depths, inits, fv.num_seeds, fv.lr_scaling, info.num_train)
+  plan = runs(base, depths, inits, num_seeds, fv.lr_scaling, info.num_train)
   for run in plan:
     _harness.fail_on_config_error(lambda run=run: run.config.validate(num_devices=1))
 
   start = time.perf_counter()
   print(f"E7 deep linear: {len(plan)} runs (depths {', '.join(map(str, depths))} × "
-        f"{', '.join(inits)} × {fv.num_seeds} seeds), {base.dataset} full batch "
+        f"{', '.join(inits)} × {num_seeds} seeds), {base.dataset} full batch "
         f"({info.num_train}), {base.optimizer} lr {base.lr:g}"
         f"{'/D' if fv.lr_scaling == 'inverse_depth' else ''}, {base.num_epochs:g} epochs",
         flush=True)
@@ -366,7 +366,7 @@ def main(argv):
       f"{base.dataset} ({info.num_train} training examples), full-batch {base.optimizer}, "
       f"lr {base.lr:g}" + (" / D" if fv.lr_scaling == "inverse_depth" else " at every depth")
       + f", {base.loss} loss, width {base.width}, {base.num_epochs:g} epochs max; "
-      f"seeds {base.seed}..{base.seed + fv.num_seeds - 1}",
+      f"seeds {base.seed}..{base.seed + num_seeds - 1}",
       "epochs = full passes completed when the logged training loss first reached the "
       "threshold (the loss logged at step s is that of the parameters after s − 1 updates)",
       "ours differs from the paper: digits/MNIST-subset softmax cross-entropy instead of "

@@ -17,7 +17,7 @@ The input and output layers and the biases stay Euclidean (Adam), routed by
 loss, test accuracy, the mean orthogonality defect ||W^T W - I||_F of the
 hidden layers and the median step time.
 
-    python -m experiments.demo [--depth 32 --width 64 --steps 400]
+    python -m experiments.demo [--demo_depth 32 --demo_width 64 --demo_steps 400]
 """
 
 from __future__ import annotations
@@ -33,13 +33,16 @@ import optax
 
 import orthojax as oj
 
-_DEPTH = flags.DEFINE_integer("depth", 32, "Hidden tanh layers.", lower_bound=1)
-_WIDTH = flags.DEFINE_integer("width", 64, "Hidden width.", lower_bound=2)
-_STEPS = flags.DEFINE_integer("steps", 400, "Full-batch training steps.", lower_bound=1)
-_LR = flags.DEFINE_float("lr", 3e-3, "Learning rate of every variant.", lower_bound=0.0)
-_PENALTY = flags.DEFINE_float("penalty", 1e-2, "Strength of the SO penalty in adam+so.")
-_SEED = flags.DEFINE_integer("seed", 0, "Random seed.")
-_VARIANTS = flags.DEFINE_list("variants", ["adam", "adam+so", "radam", "cayley_adam", "landing"],
+# Prefixed: the training flags of the experiments (--depth, --lr, ...) share absl's
+# global flag namespace with these when one process imports both (the test suite).
+_DEPTH = flags.DEFINE_integer("demo_depth", 32, "Hidden tanh layers.", lower_bound=1)
+_WIDTH = flags.DEFINE_integer("demo_width", 64, "Hidden width.", lower_bound=2)
+_STEPS = flags.DEFINE_integer("demo_steps", 400, "Full-batch training steps.", lower_bound=1)
+_LR = flags.DEFINE_float("demo_lr", 3e-3, "Learning rate of every variant.", lower_bound=0.0)
+_PENALTY = flags.DEFINE_float("demo_penalty", 1e-2, "Strength of the SO penalty in adam+so.")
+_SEED = flags.DEFINE_integer("demo_seed", 0, "Random seed.")
+_VARIANTS = flags.DEFINE_list("demo_variants",
+                              ["adam", "adam+so", "radam", "cayley_adam", "landing"],
                               "Which variants to train.")
 
 _HIDDEN_VIEW = oj.linalg.MatrixView.stacked()

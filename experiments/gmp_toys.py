@@ -133,8 +133,9 @@ _LEVY_OPTIONS = flags.DEFINE_list("levy_options", ["num_train=50", "noise=0.1", 
 _BANANA_OPTIONS = flags.DEFINE_list("banana_options", ["num_train=800", "num_test=200",
                                                        "noise=0.1"],
                                     "key=value options of the banana data set.")
-_LEVY_LOSS = flags.DEFINE_enum("levy_loss", "mae", ["mae", "mse"],
-                               "Levy training loss (the released code: MAE).")
+LEVY_LOSSES = ("mae", "mse")
+_LEVY_LOSS = flags.DEFINE_string("levy_loss", "mae",
+                                 "Levy training loss: mae (the released code) or mse.")
 
 
 # -------------------------------------------------- Characteristic points --
@@ -661,6 +662,9 @@ def main(argv):
     if base.dataset_options:
       raise ConfigError("--dataset_options: E4 sets its data per toy; use --levy_options / "
                         "--banana_options")
+    if _LEVY_LOSS.value not in LEVY_LOSSES:
+      raise ConfigError(f"--levy_loss={_LEVY_LOSS.value}: unknown; choose one of "
+                        f"{', '.join(LEVY_LOSSES)}")
     return toys, variants, lrs, seeds, options, steps, batch
 
   toys, variants, lrs, seeds, options, steps, batch = _harness.fail_on_config_error(parse)

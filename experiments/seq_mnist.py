@@ -103,13 +103,11 @@ PAPER_CLAIMS = (
 
 def define_flags() -> None:
   """The training flags plus E6's own (only when run as a program)."""
-  _harness.define_flags()
-  if "variants" in flags.FLAGS:
+  _harness.define_flags()   # incl. --variants (default: all of VARIANTS) and --num_seeds (3)
+  if "penalty_strengths" in flags.FLAGS:
     return
-  flags.DEFINE_list("variants", list(VARIANTS), f"Variants: {', '.join(VARIANTS)}.")
   flags.DEFINE_list("penalty_strengths", ["0.01"],
                     "λ of the penalised variants (one run of each per value).")
-  flags.DEFINE_integer("num_seeds", 3, "Seeds per variant: --seed, --seed+1, ...")
 
 
 # ------------------------------------------------------------------- Runs --
@@ -369,8 +367,9 @@ def main(argv):
 
   fv = flags.FLAGS
   base = _harness.start(argv)
+  num_seeds = _harness.fail_on_config_error(lambda: _harness.num_seeds(3))
   variants, strengths = _harness.fail_on_config_error(
-      lambda: parse_flags(fv.variants, fv.penalty_strengths, fv.num_seeds))
+      lambda: parse_flags(fv.variants or VARIANTS, fv.penalty_strengths, num_seeds))
   _harness.fail_on_config_error(lambda: check_base(base))
   if not base.workdir:
     _harness.fail("--workdir: the experiment writes its runs and report there")
@@ -381,7 +380,7 @@ def main(argv):
   except ValueError as e:
     _harness.fail(f"--dataset_options: {str(e).splitlines()[0]}")
   steps_per_epoch = max(info.num_train // base.batch_size, 1)
-  plan = runs(base, variants, strengths, fv.num_seeds, steps_per_epoch, spectrum_hook)
+  plan = runs(base, variants, strengths, num_seeds, steps_per_epoch, spectrum_hook)
   import jax  # pylint: disable=g-import-not-at-top
   for run in plan:
     _harness.fail_on_config_error(
@@ -393,7 +392,7 @@ def main(argv):
   start = time.perf_counter()
   print(f"E6 sequential MNIST ({view}, {source}: {info.num_train} train / {info.num_eval} "
         f"validation): {len(plan)} runs ({', '.join(variants)}; g {base.gain:g}; λ "
-        f"{', '.join(map(_fmt, strengths)) or '—'}; {fv.num_seeds} seeds), "
+        f"{', '.join(map(_fmt, strengths)) or '—'}; {num_seeds} seeds), "
         f"{base.num_epochs:g} epochs of {steps_per_epoch} steps", flush=True)
   records, logs = [], []
   for run in plan:
@@ -417,7 +416,7 @@ def main(argv):
       PAPER_CLAIMS, data_note,
       f"{view}-wise sequences; vanilla tanh RNN, hidden {base.width or 64}, batch "
       f"{base.batch_size}, {base.optimizer} lr {base.lr:g}, {base.num_epochs:g} epochs, "
-      f"seeds {base.seed}..{base.seed + fv.num_seeds - 1}; g = {base.gain:g}; λ = "
+      f"seeds {base.seed}..{base.seed + num_seeds - 1}; g = {base.gain:g}; λ = "
       f"{', '.join(map(_fmt, strengths)) or '—'} (sum-reduced penalty: the seed's "
       f"mean-reduced Keras λ is ours × hidden²); g, λ, optimizer and epochs are our "
       f"choices (the paper gives none)",

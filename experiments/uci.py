@@ -57,7 +57,6 @@ PAPER = {
 
 _harness.define_flags()
 _DATASETS = flags.DEFINE_list("uci_datasets", list(DATASETS), f"UCI sets: {', '.join(DATASETS)}.")
-_VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Variants: {', '.join(VARIANTS)}.")
 _SPLITS = flags.DEFINE_integer("num_splits", 10, "Random 80/20 splits per set (1..10).")
 PROTOCOLS = ("honest", "released")
 _PROTOCOL = flags.DEFINE_string("protocol", "honest",
@@ -113,7 +112,7 @@ def main(argv):
   datasets = _harness.fail_on_config_error(
       lambda: _harness.flag_list("uci_datasets", _DATASETS.value, DATASETS))
   variants = _harness.fail_on_config_error(
-      lambda: _harness.flag_list("variants", _VARIANTS.value, VARIANTS))
+      lambda: _harness.flag_list("variants", flags.FLAGS.variants or VARIANTS, VARIANTS))
   if _PROTOCOL.value not in PROTOCOLS:
     _harness.fail(f"--protocol={_PROTOCOL.value}: unknown; choose one of {', '.join(PROTOCOLS)}")
   if not 1 <= _SPLITS.value <= 10:
