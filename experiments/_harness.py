@@ -350,8 +350,8 @@ def plot_rows(rows: Sequence[Row], path: str, *, group: str, series: str,
   metrics = list(dict.fromkeys(r.metric for r in rows))
   groups = list(dict.fromkeys(str(r.setting.get(group)) for r in rows))
   names = list(dict.fromkeys(str(r.setting.get(series)) for r in rows))
-  fig, axes = plt.subplots(1, len(metrics) * len(groups), squeeze=False,
-                           figsize=(3.2 * len(metrics) * len(groups), 3.2))
+  panels = len(metrics) * len(groups)
+  fig, axes = plt.subplots(1, panels, squeeze=False, figsize=(max(3.2 * panels, 5.0), 3.6))
   width = 0.8 / max(len(names), 1)
   panel = 0
   for metric in metrics:
@@ -364,12 +364,15 @@ def plot_rows(rows: Sequence[Row], path: str, *, group: str, series: str,
         if not match:
           continue
         mean, std, _ = match[0].stats()
-        ax.bar(i * width, mean, width, yerr=std, label=name, capsize=3)
+        ax.bar(i * width, mean, width, yerr=std, capsize=3, color=f"C{i}")
         if match[0].paper is not None:
-          ax.plot(i * width, match[0].paper, "k_", markersize=14, markeredgewidth=2)
+          ax.plot(i * width, match[0].paper, "kD", markersize=6,
+                  label="paper" if i == 0 and panel == 1 else None)
       ax.set_xticks([i * width for i in range(len(names))], names, rotation=45)
       ax.set_title(f"{g}: {metric}", fontsize=9)
-  fig.suptitle(title + "  (bars: ours, mean ± std; black: paper)", fontsize=9)
+  if any(r.paper is not None for r in rows):
+    axes[0, 0].legend(fontsize=7, loc="lower right")
+  fig.suptitle(f"{title}\nbars: ours (mean ± std); diamonds: the paper", fontsize=9)
   fig.tight_layout()
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.savefig(path, dpi=110)

@@ -20,8 +20,10 @@ dimension is not divisible by its mesh axes is replicated instead of failing.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import math
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -112,6 +114,30 @@ def global_batch(local: Any, mesh: Mesh) -> Any:
   sharding = batch_sharding(mesh)
   return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)),
                       local)
+
+
+def prefetch_to_mesh(local_batches: Iterator[Any], mesh: Mesh, size: int = 2) -> Iterator[Any]:
+  """Global batches from per-process ones, ``size`` ahead of the consumer.
+
+  ``jax.make_array_from_process_local_data`` starts the host-to-device copies
+  asynchronously, so building the next batches while the current step runs
+  overlaps the transfers with compute (what ``flax.jax_utils.prefetch_to_device``
+  does for ``pmap``, here for a mesh). Batches held in the queue are not
+  consumed: a trainer that counts the batches it *stepped on* resumes exactly.
+  """
+  if size < 1:
+    raise ValueError(f"prefetch size must be >= 1, got {size}")
+  queue: collections.deque = collections.deque()
+
+  def fill(n: int) -> None:
+    for local in itertools.islice(local_batches, n):
+      queue.append(global_batch(local, mesh))
+
+  fill(size)
+  while queue:
+    batch = queue.popleft()
+    fill(1)   # before handing out the batch: `size` stay in flight during its step
+    yield batch
 
 
 def _divisible(spec: tuple[Any, ...], shape: tuple[int, ...], mesh: Mesh) -> P:

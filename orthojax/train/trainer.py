@@ -199,9 +199,9 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
   writer = metrics_lib.MetricsWriter(config.workdir or None, total_steps, print_fn=print_fn)
   watch, mode = _eval_metric(config, classification)
   step = int(jax.device_get(state.step))
-  batches = data_lib.train_batches(config.dataset, batch_size=local_batch, seed=config.seed,
-                                   start_batch=int(meta["batches_consumed"]), data_dir=data_dir,
-                                   **options)
+  batches = mesh_lib.prefetch_to_mesh(data_lib.train_batches(
+      config.dataset, batch_size=local_batch, seed=config.seed,
+      start_batch=int(meta["batches_consumed"]), data_dir=data_dir, **options), mesh)
   train_metrics: dict[str, float] = {}
   eval_metrics: dict[str, float] = {}
   split_metrics: dict[str, dict[str, float]] = {}
@@ -235,8 +235,7 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
   try:
     start_time = time.perf_counter()
     while step < total_steps:
-      local = next(batches)
-      state, metrics = train_step(state, mesh_lib.global_batch(local, mesh))
+      state, metrics = train_step(state, next(batches))
       step += 1
       meta["batches_consumed"] = int(meta["batches_consumed"]) + 1
 

@@ -104,3 +104,23 @@ def test_checkpoint_written_on_8_devices_restores_on_fewer(tmp_path, restore_siz
   assert restored["theta"].sharding.mesh.size == len(devices)
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                restored, nnx.to_pure_dict(state))
+
+
+def test_prefetch_to_mesh_keeps_order_and_runs_ahead():
+  from orthojax.train import mesh as mesh_lib
+  mesh = mesh_lib.make_mesh(-1)
+  pulled = []
+
+  def local():
+    for i in range(5):
+      pulled.append(i)
+      yield {"x": np.full((8, 2), i, np.float32)}
+
+  it = mesh_lib.prefetch_to_mesh(local(), mesh, size=2)
+  first = next(it)
+  assert pulled == [0, 1, 2]            # the consumer's batch plus two ahead
+  assert first["x"].sharding.spec == mesh_lib.batch_sharding(mesh).spec
+  rest = [int(b["x"][0, 0]) for b in it]
+  assert [int(first["x"][0, 0])] + rest == [0, 1, 2, 3, 4]
+  with pytest.raises(ValueError, match="prefetch size"):
+    next(mesh_lib.prefetch_to_mesh(local(), mesh, size=0))

@@ -233,3 +233,14 @@ def test_sigterm_at_a_checkpoint_step_stops_cleanly_and_resumes(tmp_path):
   resumed, log = _run(config, tmp_path, "preempted")
   assert not resumed.preempted and resumed.final_step == 8
   assert [r["step"] for r in log if r["split"] == "train"] == [4, 8]   # log_every=4
+
+
+def test_bfloat16_compute_trains_with_float32_params(tmp_path):
+  f32, log32 = _run(_BASE.replace(num_steps=40, log_every=10), tmp_path, "f32")
+  bf16, log16 = _run(_BASE.replace(num_steps=40, log_every=10, compute_dtype="bfloat16"),
+                     tmp_path, "bf16")
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(bf16.state.params))
+  l32, l16 = _losses(log32), _losses(log16)
+  assert l16[-1] < 0.6 * l16[0]                                  # it learns
+  np.testing.assert_allclose(l16, l32, rtol=0.05)                # like float32, to bf16 accuracy
+  assert l16 != l32                                              # but it did compute in bf16
