@@ -4,7 +4,8 @@ Building blocks (compose with ``optax.chain``): :func:`project_to_tangent`,
 :func:`riemannian_momentum`, :func:`scale_by_riemannian_adam`, :func:`retract`.
 Optimizers: :func:`rsgd`, :func:`radam`, :func:`projected_gradient`,
 :func:`cayley_sgd`, :func:`cayley_adam`, :func:`landing`, :func:`muon`,
-:func:`stiefel_muon`. Regularisation: :func:`add_orthogonality_penalty`.
+:func:`stiefel_muon`; :func:`fused_stiefel_adam` is ``radam``'s fused Stiefel
+path. Regularisation: :func:`add_orthogonality_penalty`.
 Routing: :func:`partition`.
 """
 
@@ -14,6 +15,7 @@ from orthojax.optim._alias import rsgd
 from orthojax.optim._cayley import CayleyState
 from orthojax.optim._cayley import cayley_adam
 from orthojax.optim._cayley import cayley_sgd
+from orthojax.optim._fused import fused_stiefel_adam
 from orthojax.optim._landing import LandingState
 from orthojax.optim._landing import landing
 from orthojax.optim._muon import muon
