@@ -374,7 +374,13 @@ def plot_rows(rows: Sequence[Row], path: str, *, group: str, series: str,
     axes[0, 0].legend(fontsize=7, loc="lower right")
   fig.suptitle(f"{title}\nbars: ours (mean ± std); diamonds: the paper", fontsize=9)
   fig.tight_layout()
+  return save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: str, dpi: int = 110) -> str:
+  """Save a matplotlib figure (creating its directory), close it, return ``path``."""
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=110)
+  fig.savefig(path, dpi=dpi)
   plt.close(fig)
   return path

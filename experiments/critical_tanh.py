@@ -301,7 +301,8 @@ def summarize(records, q_stars, kinds, workdir):
   plots = [
       analysis.plot_fisher_vs_jacobian(
           [d["fisher_lambda_max"] for d in init], [math.sqrt(s) for s in sigma2],
-          os.path.join(workdir, "fisher_vs_jacobian.png"))[0]
+          os.path.join(workdir, "fisher_vs_jacobian.png"),
+          groups=[f"q*={r['tags']['q_star']}" for r in records])[0]
       if len(records) > 2 else None,
       _curves(records, workdir, "fisher_lambda_max", "λ_max(F) (empirical Fisher, CE)",
               "fisher_over_training.png", log=True),
@@ -338,9 +339,7 @@ def _curves(records, workdir, key, ylabel, name, log=False) -> str:
   ax.legend(fontsize=7)
   fig.tight_layout()
   path = os.path.join(workdir, name)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return _harness.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -269,7 +269,7 @@ def plot_epochs(rows: Sequence[_harness.Row], path: str) -> str:
   fig.suptitle("E7 deep linear: epochs to threshold (mean ± std over seeds; "
                "paper: plot only, no numbers)", fontsize=9)
   fig.tight_layout()
-  return _save(fig, path)
+  return _harness.save_figure(fig, path)
 
 
 def plot_losses(curves: dict[tuple[int, str], list[list[float]]], thresholds: Sequence[float],
@@ -299,15 +299,7 @@ def plot_losses(curves: dict[tuple[int, str], list[list[float]]], thresholds: Se
     ax.legend(fontsize=7)
   axes[0, 0].set_ylabel("training loss (mean over seeds)")
   fig.tight_layout()
-  return _save(fig, path)
-
-
-def _save(fig, path: str) -> str:
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return _harness.save_figure(fig, path)
 
 
 # ------------------------------------------------------------------- Main --

@@ -535,9 +535,7 @@ def plot_trajectories(workdir, runs, toy, lrs, variants) -> str:
                f"range ± 50%)", fontsize=9)
   fig.tight_layout()
   path = os.path.join(workdir, f"{toy}_trajectories.png")
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  return _harness.save_figure(fig, path, dpi=100)
 
 
 def plot_changes(workdir, runs, toy, lrs, variants) -> str:
@@ -566,9 +564,7 @@ def plot_changes(workdir, runs, toy, lrs, variants) -> str:
       ax.legend(fontsize=7)
   fig.tight_layout()
   path = os.path.join(workdir, f"{toy}_per_step_change.png")
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  return _harness.save_figure(fig, path, dpi=100)
 
 
 def plot_fits(workdir, runs, toy, lrs, variants, records) -> str:
@@ -623,9 +619,7 @@ def plot_fits(workdir, runs, toy, lrs, variants, records) -> str:
         ax.tick_params(labelsize=7)
   fig.tight_layout()
   path = os.path.join(workdir, f"{toy}_fit.png")
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  return _harness.save_figure(fig, path, dpi=100)
 
 
 # ------------------------------------------------------------------- Main --

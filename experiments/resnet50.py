@@ -121,9 +121,7 @@ def plot_curves(workdir: str, runs: Sequence[_harness.Run], path: str, title: st
     ax.legend(fontsize=7)
   fig.suptitle(title, fontsize=9)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  return _harness.save_figure(fig, path, dpi=100)
 
 
 def check_data(config) -> Any:

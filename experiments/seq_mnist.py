@@ -352,10 +352,7 @@ def plot_accuracy(accuracy: dict[str, dict[int, list[float]]], path: str, title:
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
   fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return _harness.save_figure(fig, path)
 
 
 # ------------------------------------------------------------------- Main --
