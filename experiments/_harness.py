@@ -22,16 +22,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import io
 import json
 import math
 import os
 import platform
 import sys
+import tempfile
 import time
 from typing import Any, Callable, Iterable, NoReturn, Sequence
 
 from absl import flags
 from absl import logging
+from etils import epath
 
 from orthojax.train import distributed
 from orthojax.train import flags as flags_lib
@@ -159,9 +162,8 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
 
   run_dir = os.path.join(workdir, "runs", run.name)
   done = os.path.join(run_dir, "result.json")
-  if os.path.exists(done):
-    with open(done) as f:
-      record = json.load(f)
+  if epath.Path(done).exists():
+    record = json.loads(epath.Path(done).read_text())
     print_fn(f"  {run.name}: done earlier ({_summary(record)})", flush=True)
     return record
 
@@ -208,12 +210,19 @@ def _summary(record: dict[str, Any]) -> str:
 
 
 def _write_json(path: str, value: Any) -> None:
-  """Write atomically: a crash leaves the old file or none, never half of one."""
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  tmp = f"{path}.tmp"
-  with open(tmp, "w") as f:
-    json.dump(value, f, indent=1, default=_jsonable)
-  os.replace(tmp, path)
+  """Write atomically: a crash leaves the old file or none, never half of one.
+
+  Local or cloud (``gs://…``) paths alike (``etils.epath``).
+  """
+  path = epath.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(json.dumps(value, indent=1, default=_jsonable))
+  tmp.replace(path)
+
+
+def _abspath(path: str) -> str:
+  return path if "://" in str(path) else os.path.abspath(path)
 
 
 def _jsonable(x: Any) -> Any:
@@ -297,7 +306,7 @@ def write_report(workdir: str, *, experiment: str, title: str, rows: Sequence[Ro
   """
   import jax  # pylint: disable=g-import-not-at-top
 
-  notes, plots = list(notes), [os.path.abspath(p) for p in plots]
+  notes, plots = list(notes), [_abspath(p) for p in plots]
   environment = {
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "jax": jax.__version__, "backend": jax.default_backend(),
@@ -318,10 +327,9 @@ def write_report(workdir: str, *, experiment: str, title: str, rows: Sequence[Ro
         "experiment": experiment, "title": title, "rows": [r.to_json() for r in rows],
         "notes": notes, "plots": plots, "environment": environment, "seconds": seconds,
         "config": dataclasses.asdict(config) if config is not None else None})
-    with open(os.path.join(workdir, REPORT), "w") as f:
-      f.write(markdown)
+    (epath.Path(workdir) / REPORT).write_text(markdown)
     print_fn("\n" + markdown, flush=True)
-    print_fn(f"Report: {os.path.join(os.path.abspath(workdir), REPORT)}", flush=True)
+    print_fn(f"Report: {os.path.join(_abspath(workdir), REPORT)}", flush=True)
     for p in plots:
       print_fn(f"Plot: {p}", flush=True)
   return markdown
@@ -329,12 +337,11 @@ def write_report(workdir: str, *, experiment: str, title: str, rows: Sequence[Ro
 
 def read_results(workdir: str) -> dict[str, Any]:
   """``results.json`` of an experiment workdir (a clear error when it is missing)."""
-  path = os.path.join(workdir, RESULTS)
-  if not os.path.exists(path):
+  path = epath.Path(workdir) / RESULTS
+  if not path.exists():
     raise FileNotFoundError(f"{path}: no results; run the experiment with "
                             f"--workdir={workdir} first")
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(path.read_text())
 
 
 # ------------------------------------------------------------------- Plots --
@@ -378,9 +385,27 @@ def plot_rows(rows: Sequence[Row], path: str, *, group: str, series: str,
 
 
 def save_figure(fig: Any, path: str, dpi: int = 110) -> str:
-  """Save a matplotlib figure (creating its directory), close it, return ``path``."""
+  """Save a matplotlib figure as PNG (local or ``gs://…``), close it, return ``path``."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=dpi)
+  buffer = io.BytesIO()
+  fig.savefig(buffer, dpi=dpi, format="png")
   plt.close(fig)
-  return path
+  out = epath.Path(path)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_bytes(buffer.getvalue())
+  return str(path)
+
+
+def local_render(path: str, render: Callable[[str], Any]) -> Any:
+  """``render(p)`` for a function that can only write local files (e.g. the
+  :mod:`orthojax.analysis` plots): renders into a temporary file and copies it
+  to ``path`` when that is on a cloud bucket. Returns what ``render`` returns."""
+  if "://" not in str(path):
+    return render(path)
+  with tempfile.TemporaryDirectory() as tmp:
+    local = os.path.join(tmp, os.path.basename(str(path)))
+    out = render(local)
+    out_path = epath.Path(path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_bytes(epath.Path(local).read_bytes())
+  return out

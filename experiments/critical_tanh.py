@@ -298,17 +298,19 @@ def summarize(records, q_stars, kinds, workdir):
     notes.append(f"highest mean test top-1: {best[0]} at q*={_q_label(best[1])} "
                  f"({mean(final_acc[best]):.4f}) (paper: Euclidean q*=1/64, marginally)")
 
-  plots = [
-      analysis.plot_fisher_vs_jacobian(
-          [d["fisher_lambda_max"] for d in init], [math.sqrt(s) for s in sigma2],
-          os.path.join(workdir, "fisher_vs_jacobian.png"),
-          groups=[f"q*={r['tags']['q_star']}" for r in records])[0]
-      if len(records) > 2 else None,
+  plots = []
+  if len(records) > 2:
+    scatter = os.path.join(workdir, "fisher_vs_jacobian.png")
+    _harness.local_render(scatter, lambda path: analysis.plot_fisher_vs_jacobian(
+        [d["fisher_lambda_max"] for d in init], [math.sqrt(s) for s in sigma2], path,
+        groups=[f"q*={r['tags']['q_star']}" for r in records]))
+    plots.append(scatter)
+  plots += [
       _curves(records, workdir, "fisher_lambda_max", "λ_max(F) (empirical Fisher, CE)",
               "fisher_over_training.png", log=True),
       _curves(records, workdir, "loss", "training loss", "train_loss.png", log=True),
   ]
-  return rows, notes, [p for p in plots if p]
+  return rows, notes, plots
 
 
 def _curves(records, workdir, key, ylabel, name, log=False) -> str:

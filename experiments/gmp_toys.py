@@ -72,14 +72,15 @@ How ours differs (the released notebooks, ``1d_levy/*.ipynb`` and
 
 from __future__ import annotations
 
+import io
 import math
 import os
-import shutil
 import time
 from typing import Any
 
 from absl import app
 from absl import flags
+from etils import epath
 import numpy as np
 
 from experiments import _harness
@@ -389,8 +390,10 @@ def finish_run(run: _harness.Run, tracker: Tracker, result, run_dir: str) -> dic
     grid = np.stack([gx.ravel(), gy.ravel()], 1)
     arrays.update(grid_x=gx, grid_y=gy, grid_p1=_softmax(predict(grid))[:, 1].reshape(gx.shape))
   arrays.update(train_x=train["x"], train_y=train["y"])
-  os.makedirs(run_dir, exist_ok=True)
-  np.savez_compressed(os.path.join(run_dir, "trajectory.npz"), **arrays)
+  buffer = io.BytesIO()
+  np.savez_compressed(buffer, **arrays)
+  epath.Path(run_dir).mkdir(parents=True, exist_ok=True)
+  (epath.Path(run_dir) / "trajectory.npz").write_bytes(buffer.getvalue())
   dphi, dangle = arrays["max_dphi"], arrays["max_dangle_deg"]
   out.update(
       tracked_steps=int(len(dphi)),
@@ -403,11 +406,12 @@ def finish_run(run: _harness.Run, tracker: Tracker, result, run_dir: str) -> dic
 
 def execute(run: _harness.Run, workdir: str, *, verbose: bool = False) -> dict[str, Any]:
   """:func:`_harness.execute` with the tracking hook; an unfinished run starts afresh."""
-  run_dir = os.path.join(workdir, "runs", run.name)
-  if os.path.isdir(run_dir) and not os.path.exists(os.path.join(run_dir, "result.json")):
-    shutil.rmtree(run_dir)   # a partial trajectory cannot be resumed; toys retrain in seconds
+  run_dir = epath.Path(workdir) / "runs" / run.name
+  finished = (run_dir / "result.json").exists()
+  if run_dir.exists() and not finished:
+    run_dir.rmtree()   # a partial trajectory cannot be resumed; toys retrain in seconds
   tracker = None
-  if not os.path.exists(os.path.join(run_dir, "result.json")):
+  if not finished:
     tracker = make_tracker(run)
   hooked = _harness.Run(tags=run.tags, config=run.config, devices=run.devices,
                         hooks=(tracker,) if tracker else ())
@@ -478,7 +482,8 @@ def _plt():
 
 
 def _load(workdir: str, run: _harness.Run) -> dict[str, np.ndarray]:
-  with np.load(os.path.join(workdir, "runs", run.name, "trajectory.npz")) as z:
+  data = (epath.Path(workdir) / "runs" / run.name / "trajectory.npz").read_bytes()
+  with np.load(io.BytesIO(data)) as z:
     return {k: z[k] for k in z.files}
 
 

@@ -424,10 +424,12 @@ def main(argv):
   notes += claim_notes(rows, accuracy)
   plots = []
   if rows and _harness.is_writer():
-    plots.append(analysis.plot_singular_value_bands(
-        bands, os.path.join(base.workdir, "seq_mnist_sv_bands.png"), leaf=LEAF,
+    band_path = os.path.join(base.workdir, "seq_mnist_sv_bands.png")
+    _harness.local_render(band_path, lambda path: analysis.plot_singular_value_bands(
+        bands, path, leaf=LEAF,
         title=f"E6 recurrent kernel singular values ({view}, {source}; mean over seeds)",
         ncols=min(len(bands), 3)))
+    plots.append(band_path)
     plots.append(plot_accuracy(accuracy, os.path.join(base.workdir, "seq_mnist_val_acc.png"),
                                f"E6 validation accuracy ({view}, {source}; mean ± std over "
                                f"seeds)"))

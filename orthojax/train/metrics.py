@@ -5,8 +5,8 @@ the jitted step — so every process holds the same numbers). The JSONL log
 (``<workdir>/metrics.jsonl``, one ``{"step": …, "split": …, name: value}``
 object per line) is what the report and plot scripts read; it is appended
 to, so a resumed run continues the same file. TensorBoard files are written
-with ``tf.summary`` (TensorFlow is already the input pipeline's dependency; no
-``tensorboard`` package is needed to write them).
+with ``tf.summary``. Paths go through ``etils.epath``, so the workdir may be
+local or on a cloud bucket (``gs://…``) like the checkpoints.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Mapping, TextIO
 
 import jax
 import numpy as np
+from etils import epath
 
 
 def _scalar(value: Any) -> float:
@@ -28,14 +29,14 @@ def _scalar(value: Any) -> float:
 def read_jsonl(path: str) -> list[dict[str, Any]]:
   """All records of a metrics log (skipping a torn last line after a crash)."""
   records = []
-  if not os.path.exists(path):
+  path = epath.Path(path)
+  if not path.exists():
     return records
-  with open(path) as f:
-    for line in f:
-      try:
-        records.append(json.loads(line))
-      except json.JSONDecodeError:
-        continue
+  for line in path.read_text().splitlines():
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
   return records
 
 
@@ -60,8 +61,8 @@ class MetricsWriter:
     self.workdir = workdir
     self._last: tuple[int, float] | None = None
     if self.is_writer and workdir is not None:
-      os.makedirs(workdir, exist_ok=True)
-      self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+      epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+      self._jsonl = (epath.Path(workdir) / "metrics.jsonl").open("a")
 
   @property
   def jsonl_path(self) -> str | None:
