@@ -32,6 +32,9 @@ SUITES: list[tuple[str, str]] = [
     ("input", "benchmarks.input_bench"),
     ("sharding", "benchmarks.sharding_bench"),
     ("analysis", "benchmarks.analysis_bench"),
+    ("retraction", "benchmarks.retraction_bench"),
+    ("resnet_optim", "benchmarks.resnet_optim_bench"),
+    ("memory", "benchmarks.memory_bench"),
 ]
 
 
