@@ -1,0 +1,100 @@
+"""A full ResNet training step with the conv kernels on a manifold optimizer vs all-SGD.
+
+Case: a jitted ResNet-50 (``oj.models.ResNet(50, "bn")``) training step —
+forward, cross-entropy, backward, update, new BatchNorm statistics — at
+batch 32 on 224×224 images. Optimizers (``oj.optim.partition`` by rank: the
+53 conv kernels, each in its matrix view ``(kh·kw·cin, cout)``, vs every
+other parameter):
+
+* ``sgd``: SGD with momentum 0.9 (``optax.sgd``) on every parameter — the
+  baseline;
+* ``radam``: conv kernels to ``oj.optim.radam(Stiefel("cayley",
+  cayley_iterations=2))`` (Riemannian Adam, iterative Cayley, re-orthonormalised
+  every 100 steps), the rest SGD momentum;
+* ``muon``: conv kernels to ``oj.optim.muon`` (optax's Muon with dimension
+  numbers from the matrix views), the rest SGD momentum.
+
+The three steps are timed interleaved call by call
+(:func:`benchmarks._harness.time_fns`), so each ratio sees one machine load.
+
+Targets (issue "Performance", GPU only): ``radam / sgd`` <= 1.15x,
+``muon / sgd`` <= 1.05x. On CPU they are reported, not judged: there the
+per-kernel matrix work competes with convolutions on the same two cores.
+``quick`` runs ResNet-18 at batch 2 on 64×64 images (a CPU smoke run).
+"""
+
+from __future__ import annotations
+
+import jax
+import optax
+from flax import nnx
+
+import orthojax as oj
+from benchmarks._harness import Row
+from benchmarks._harness import Target
+from benchmarks._harness import ratio
+from benchmarks._harness import row
+from benchmarks._harness import time_fns
+from orthojax import models
+
+SUITE = "resnet_optim"
+TARGETS = {"radam": Target("<=", 1.15, backends=("gpu",)),
+           "muon": Target("<=", 1.05, backends=("gpu",))}
+
+
+def conv_labels(params):
+  """``"conv"`` for every rank-4 leaf (conv kernels), ``"sgd"`` for the rest."""
+  return jax.tree.map(lambda p: "conv" if p.ndim == 4 else "sgd", params)
+
+
+def optimizers(lr: float = 0.1) -> dict[str, optax.GradientTransformation]:
+  sgd = lambda: optax.sgd(lr, momentum=0.9)
+  cayley = oj.manifolds.Stiefel("cayley", cayley_iterations=2)
+  return {
+      "sgd": sgd(),
+      "radam": oj.optim.partition(conv_labels, sgd=sgd(),
+                                  conv=oj.optim.radam(1e-3, cayley, reorthonormalize_every=100)),
+      "muon": oj.optim.partition(conv_labels, sgd=sgd(), conv=oj.optim.muon(0.02)),
+  }
+
+
+def _train_step(graphdef, tx):
+  """``(params, rest, opt_state, x, y) -> (params, rest, opt_state, loss)`` on pure dicts."""
+
+  def step(params, rest, opt_state, x, y):
+    def loss_fn(params):
+      model = nnx.merge(graphdef, params, rest, copy=True)
+      loss = optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+      return loss, nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
+
+    (loss, new_rest), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), new_rest, opt_state, loss
+
+  return step
+
+
+def run(quick: bool = False) -> list[Row]:
+  depth, batch, size = (18, 2, 64) if quick else (50, 32, 224)
+  reps = dict(warmup=1, repeats=2) if quick else dict(warmup=1, repeats=3)
+  model = models.ResNet(depth, "bn", num_classes=1000, rngs=nnx.Rngs(0))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+  x = jax.random.normal(jax.random.key(0), (batch, size, size, 3))
+  y = jax.random.randint(jax.random.key(1), (batch,), 0, 1000)
+  fns, states = {}, []
+  for i, (name, tx) in enumerate(optimizers().items()):
+    step = _train_step(graphdef, tx)
+    fns[name] = (lambda step, i: lambda p, r, *a: step(p, r, a[i], a[-2], a[-1]))(step, i)
+    states.append(tx.init(params))
+  t = time_fns(fns, params, rest, *states, x, y, **reps)
+  n_conv = sum(p.ndim == 4 for p in jax.tree.leaves(params))
+  config = f"ResNet-{depth}, batch {batch}, {size}x{size}"
+  rows = [row(SUITE, f"sgd train step, {config}", 1e3 * t["sgd"], "ms",
+              note="fwd + bwd + SGD momentum 0.9 on every param, jitted")]
+  notes = {"radam": f"{n_conv} conv kernels: radam(Stiefel cayley, 2 iterations); rest SGD-m",
+           "muon": f"{n_conv} conv kernels: oj.optim.muon; rest SGD-m"}
+  for name in ("radam", "muon"):
+    rows.append(row(SUITE, f"{name} / sgd train step, {config}", ratio(t[name], t["sgd"]), "x",
+                    TARGETS[name], f"{1e3 * t[name]:.0f} ms; {notes[name]}"))
+  return rows
