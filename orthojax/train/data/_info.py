@@ -55,3 +55,16 @@ class DatasetInfo:
 
 class DatasetNotFoundError(FileNotFoundError):
   """A dataset's files are missing; the message says exactly how to get them."""
+
+
+def resolve_split(split: str, splits: tuple[str, ...], eval_split: str) -> str:
+  """The dataset split that ``split`` names: ``"eval"`` means ``eval_split``.
+
+  Raises:
+    ValueError: ``split`` is neither ``"eval"`` nor one of ``splits``.
+  """
+  if split == "eval":
+    return eval_split
+  if split not in splits:
+    raise ValueError(f"unknown split {split!r}; choose one of {('eval',) + tuple(splits)}")
+  return split

@@ -19,6 +19,7 @@ import numpy as np
 
 from orthojax.train.data import _arrays
 from orthojax.train.data._info import DatasetInfo
+from orthojax.train.data._info import resolve_split
 
 SPLITS = ("test", "train")
 
@@ -40,11 +41,7 @@ def _splits() -> dict[str, dict[str, np.ndarray]]:
 
 
 def _split(split: str) -> str:
-  if split == "eval":
-    return "test"
-  if split not in SPLITS:
-    raise ValueError(f"unknown split {split!r}; choose one of {('eval',) + SPLITS}")
-  return split
+  return resolve_split(split, SPLITS, eval_split="test")
 
 
 def _transform(opts: dict) -> dict[str, _arrays.Transform]:

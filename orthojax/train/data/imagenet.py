@@ -53,6 +53,7 @@ import tensorflow_datasets as tfds
 
 from orthojax.train.data import _tfds
 from orthojax.train.data._info import DatasetInfo
+from orthojax.train.data._info import resolve_split
 from orthojax.train.data._tf import tf
 
 MEAN_RGB = (0.485, 0.456, 0.406)
@@ -206,11 +207,7 @@ def _builder(name: str, data_dir: str | None, opts: dict) -> tfds.core.DatasetBu
 
 
 def _eval_split(split: str) -> str:
-  if split == "eval":
-    return "validation"
-  if split not in SPLITS:
-    raise ValueError(f"unknown split {split!r}; choose one of {('eval',) + SPLITS}")
-  return split
+  return resolve_split(split, SPLITS, eval_split="validation")
 
 
 def info(name: str, opts: dict, data_dir: str | None) -> DatasetInfo:

@@ -22,6 +22,7 @@ import numpy as np
 from orthojax.train.data import _arrays
 from orthojax.train.data import _tfds
 from orthojax.train.data._info import DatasetInfo
+from orthojax.train.data._info import resolve_split
 
 # Per-channel mean / std of the training images in [0, 1].
 STATS = {
@@ -32,11 +33,7 @@ SPLITS = ("test", "train")
 
 
 def _split(split: str) -> str:
-  if split == "eval":
-    return "test"
-  if split not in SPLITS:
-    raise ValueError(f"unknown split {split!r}; choose one of {('eval',) + SPLITS}")
-  return split
+  return resolve_split(split, SPLITS, eval_split="test")
 
 
 def _transforms(name: str, opts: dict) -> dict[str, _arrays.Transform]:

@@ -33,6 +33,7 @@ import numpy as np
 
 from orthojax.train.data import _arrays
 from orthojax.train.data._info import DatasetInfo
+from orthojax.train.data._info import resolve_split
 from orthojax.train.data._info import DatasetNotFoundError
 
 MEAN, STD = 0.1307, 0.3081
@@ -63,11 +64,7 @@ def carve_validation(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _split(split: str) -> str:
-  if split == "eval":
-    return "validation"
-  if split not in SPLITS:
-    raise ValueError(f"unknown split {split!r}; choose one of {('eval',) + SPLITS}")
-  return split
+  return resolve_split(split, SPLITS, eval_split="validation")
 
 
 def _tfds_builder(opts: dict, data_dir: str | None):

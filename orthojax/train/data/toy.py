@@ -39,6 +39,7 @@ import numpy as np
 
 from orthojax.train.data import _arrays
 from orthojax.train.data._info import DatasetInfo
+from orthojax.train.data._info import resolve_split
 
 SPLITS = ("test", "train")
 
@@ -92,11 +93,7 @@ def _make(name: str, opts: dict) -> dict[str, dict[str, np.ndarray]]:
 
 
 def _split(split: str) -> str:
-  if split == "eval":
-    return "test"
-  if split not in SPLITS:
-    raise ValueError(f"unknown split {split!r}; choose one of {('eval',) + SPLITS}")
-  return split
+  return resolve_split(split, SPLITS, eval_split="test")
 
 
 def info(name: str, opts: dict, data_dir: str | None) -> DatasetInfo:

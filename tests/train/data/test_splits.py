@@ -1,0 +1,30 @@
+"""Split names: ``"eval"`` resolves per dataset, unknown names fail clearly."""
+
+from __future__ import annotations
+
+import pytest
+
+from orthojax.train.data import digits
+from orthojax.train.data import mnist
+from orthojax.train.data import toy
+from orthojax.train.data._info import resolve_split
+
+
+@pytest.mark.parametrize("module, eval_split", [(digits, "test"), (toy, "test"),
+                                                (mnist, "validation")])
+def test_eval_means_the_datasets_eval_split(module, eval_split):
+  assert module._split("eval") == eval_split
+  for split in module.SPLITS:
+    assert module._split(split) == split
+
+
+@pytest.mark.parametrize("module", [digits, toy, mnist])
+def test_unknown_split_names_the_choices(module):
+  with pytest.raises(ValueError, match=r"unknown split 'valid'; choose one of \('eval', .*'train'"):
+    module._split("valid")
+
+
+def test_resolve_split_rejects_names_outside_the_list():
+  assert resolve_split("train", ("test", "train"), eval_split="test") == "train"
+  with pytest.raises(ValueError, match="unknown split 'validation'"):
+    resolve_split("validation", ("test", "train"), eval_split="test")
