@@ -29,6 +29,7 @@ SUITES: list[tuple[str, str]] = [
     ("gmp", "benchmarks.gmp_bench"),
     ("deep_mlp", "benchmarks.deep_mlp_bench"),
     ("resnet", "benchmarks.resnet_bench"),
+    ("throughput", "benchmarks.throughput_bench"),
     ("input", "benchmarks.input_bench"),
     ("sharding", "benchmarks.sharding_bench"),
     ("analysis", "benchmarks.analysis_bench"),
