@@ -54,9 +54,22 @@ def _outputs(info: Any) -> int:
   return info.num_classes if info.task == "classification" else 1
 
 
+def compute_dtype(config: Config) -> Any:
+  """The jnp dtype of ``--compute_dtype``."""
+  return jnp.bfloat16 if config.compute_dtype == "bfloat16" else jnp.float32
+
+
 def build(config: Config, info: Any, rngs: nnx.Rngs) -> nnx.Module:
-  """The model for ``config`` on a dataset described by ``info`` (a ``DatasetInfo``)."""
+  """The model for ``config`` on a dataset described by ``info`` (a ``DatasetInfo``).
+
+  With ``--compute_dtype=bfloat16`` every layer is built with
+  ``dtype=bfloat16``. Casting the parameters and inputs (as the train step
+  also does) is not enough on its own: a normalisation layer left at
+  ``dtype=None`` promotes its output with its float32 batch statistics, so
+  every layer after the first BatchNorm would silently run in float32.
+  """
   name, variant = config.model, config.variant
+  dtype = None if config.compute_dtype == "float32" else compute_dtype(config)
   out = _outputs(info)
   features = math.prod(info.input_shape)
   if name.startswith("resnet"):
@@ -64,20 +77,21 @@ def build(config: Config, info: Any, rngs: nnx.Rngs) -> nnx.Module:
     if variant not in _RESNET_NORMS:
       raise ConfigError(f"--variant={variant}: ResNet norms are {', '.join(_RESNET_NORMS)}")
     return models.ResNet(depth=int(name[len("resnet"):]), norm=variant, num_classes=out,
-                         rngs=rngs)
+                         dtype=dtype, rngs=rngs)
   if name == "vgg6":
-    return models.VGG6(variant=variant, num_classes=out, rngs=rngs)
+    return models.VGG6(variant=variant, num_classes=out, dtype=dtype, rngs=rngs)
   if name == "mlp":
     return Flatten(models.MLP(features, hidden=config.width or 100, out_features=out,
                               variant=variant, activation=config.activation or "relu",
-                              rngs=rngs))
+                              dtype=dtype, rngs=rngs))
   if name == "deep_mlp":
     if not config.depth or not config.width:
       raise ConfigError("--depth/--width: --model=deep_mlp needs both (e.g. 200 and 400)")
     mlp = models.DeepMLP(
         features, depth=config.depth, width=config.width, out_features=out,
         activation=config.activation or "tanh", q_star=config.q_star or None,
-        init=config.init or "gaussian", weights=config.weights, rngs=rngs)
+        init=config.init or "gaussian", weights=config.weights, dtype=dtype,
+        rngs=rngs)
     scale = (critical_input_scale(config.q_star, mlp.sigma_w, mlp.sigma_b) if config.q_star
              else 1.0)
     return Flatten(mlp, scale)
@@ -87,7 +101,7 @@ def build(config: Config, info: Any, rngs: nnx.Rngs) -> nnx.Module:
     return Flatten(models.DeepLinear(depth=config.depth, width=config.width,
                                      in_features=features, out_features=out,
                                      init=config.init or "gaussian", scale=config.gain,
-                                     rngs=rngs))
+                                     dtype=dtype, rngs=rngs))
   if name == "rnn":
     if len(info.input_shape) != 2:
       raise ConfigError(f"--model=rnn needs sequence inputs (time, features), the dataset "
@@ -97,7 +111,7 @@ def build(config: Config, info: Any, rngs: nnx.Rngs) -> nnx.Module:
     return models.SequenceRNN(info.input_shape[-1], hidden=config.width or 64, num_classes=out,
                               recurrent_init=recurrent_init, gain=config.gain,
                               recurrent="stiefel" if config.weights == "stiefel" else "euclidean",
-                              rngs=rngs)
+                              dtype=dtype, rngs=rngs)
   raise ConfigError(f"--model={name}: unknown")
 
 

@@ -180,7 +180,7 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
 
   # ----------------------------------------------------------------- Steps --
   loss_fn = losses_lib.get_loss(config.loss, config.label_smoothing)
-  compute_dtype = jnp.bfloat16 if config.compute_dtype == "bfloat16" else jnp.float32
+  compute_dtype = model_zoo.compute_dtype(config)
   train_step = jax.jit(
       make_train_step(graphdef_train, tx, loss_fn, classification=classification,
                       compute_dtype=compute_dtype, grad_accum_steps=config.grad_accum_steps,

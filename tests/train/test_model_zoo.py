@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.extend
 import numpy as np
 import pytest
 from flax import nnx
@@ -31,3 +32,71 @@ def test_critical_deep_mlp_inputs_are_scaled_to_q_star(q_star, init):
 def test_input_scale_needs_q_star_above_bias_variance():
   with pytest.raises(ValueError, match="must exceed sigma_b"):
     model_zoo.critical_input_scale(0.01, 1.0, 0.2)
+
+
+_IMAGE = DatasetInfo(name="fake", task="classification", input_shape=(16, 16, 3), num_classes=10,
+                     num_train=64, num_eval=16)
+_FLAT = DatasetInfo(name="toy", task="regression", input_shape=(6,), num_classes=None,
+                    num_train=64, num_eval=16)
+_SEQ = DatasetInfo(name="seq", task="classification", input_shape=(5, 4), num_classes=10,
+                   num_train=64, num_eval=16)
+_BATCH = 7  # a prime no weight dimension shares: marks the ops that touch activations
+
+
+def _activation_ops(jaxpr, found):
+  """(primitive, input dtypes) of every dot/conv whose lhs leads with the batch axis."""
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
+      lhs = eqn.invars[0].aval
+      if lhs.shape and lhs.shape[0] == _BATCH:
+        found.append((eqn.primitive.name, tuple(str(v.aval.dtype) for v in eqn.invars)))
+  for sub in jax.extend.core.subjaxprs(jaxpr):  # scan / cond / custom_jvp / pjit bodies
+    _activation_ops(sub, found)
+  return found
+
+
+@pytest.mark.parametrize("overrides, info", [
+    (dict(model="resnet18", variant="bn"), _IMAGE),
+    (dict(model="resnet18", variant="gmp_imn"), _IMAGE),
+    (dict(model="resnet18", variant="wn_mbn"), _IMAGE),
+    (dict(model="vgg6", variant="bn"), _IMAGE),
+    (dict(model="mlp", variant="bn", width=8), _FLAT),
+    (dict(model="mlp", variant="gmp", width=8), _FLAT),
+    (dict(model="deep_mlp", depth=3, width=8, q_star=0.5, init="orthogonal",
+          activation="tanh"), _FLAT),
+    (dict(model="deep_linear", depth=3, width=8), _FLAT),
+    (dict(model="rnn", width=8), _SEQ),
+])
+def test_bfloat16_compute_reaches_every_layer(overrides, info):
+  """With --compute_dtype=bfloat16 every matmul/conv on activations runs in bfloat16.
+
+  Regression: normalisation layers built with ``dtype=None`` promoted their
+  output with their float32 statistics, so a BN ResNet trained "in bfloat16"
+  ran every conv after the stem in float32.
+  """
+  import jax.numpy as jnp
+  from orthojax.train import losses
+  from orthojax.train import optimizers
+  from orthojax.train.step import TrainState
+  from orthojax.train.step import make_train_step
+
+  config = Config(**overrides, compute_dtype="bfloat16", optimizer="momentum",
+                  loss="cross_entropy" if info.task == "classification" else "mse")
+  model = model_zoo.build(config, info, nnx.Rngs(0))
+  model.train()
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  params = nnx.to_pure_dict(params)
+  tx = optimizers.build(config, total_steps=10)
+  state = TrainState(step=jnp.int32(0), params=params, model_state=nnx.to_pure_dict(rest),
+                     opt_state=tx.init(params), rng=jax.random.key_data(jax.random.key(0)),
+                     lr_scale=jnp.float32(1), first_nonfinite_step=jnp.int32(-1),
+                     skipped_steps=jnp.int32(0))
+  classification = info.task == "classification"
+  y = (jnp.zeros((_BATCH,), jnp.int32) if classification else jnp.zeros((_BATCH,), jnp.float32))
+  batch = {"x": jnp.ones((_BATCH,) + info.input_shape, jnp.float32), "y": y}
+  step = make_train_step(graphdef, tx, losses.get_loss(config.loss),
+                         classification=classification, compute_dtype=jnp.bfloat16)
+  ops = _activation_ops(jax.make_jaxpr(step)(state, batch).jaxpr, [])
+  assert ops, "no batch-leading dot/conv found: the detector is broken"
+  float32_ops = [op for op in ops if "bfloat16" not in op[1] or "float32" in op[1]]
+  assert not float32_ops, f"{len(float32_ops)} of {len(ops)} ops not in bfloat16: {float32_ops[:3]}"
