@@ -74,7 +74,8 @@ def _orthojax_step(norm: str, depth: int, image_size: int, batch: int):
                      lr_scale=jnp.float32(1.0), first_nonfinite_step=jnp.int32(-1),
                      skipped_steps=jnp.int32(0))
   step = make_train_step(graphdef, tx, losses.get_loss(config.loss), classification=True,
-                         compute_dtype=jnp.bfloat16, nan_policy=config.nan_policy,
+                         compute_dtype=model_zoo.compute_dtype(config),
+                         nan_policy=config.nan_policy,
                          scale_updates=config.schedule == "plateau")
   return step, state
 
