@@ -146,13 +146,24 @@ class Run:
     return "/".join(f"{k}={v}" for k, v in self.tags)
 
 
+_RECORD_KEYS = ("tags", "final_step", "seconds", "train", "eval", "best")
+
+
+def split_record_key(split: str) -> str:
+  """The record key of a ``--final_eval_splits`` entry: the split's name, or
+  ``<split>_split`` where that name is taken (``train`` holds the logged
+  training metrics, ``eval`` the final evaluation)."""
+  return f"{split}_split" if split in _RECORD_KEYS else split
+
+
 def execute(run: Run, workdir: str, *, verbose: bool = False,
             extra: Callable[[Any], dict[str, Any]] | None = None,
             print_fn: Callable[..., None] = print) -> dict[str, Any]:
   """Train ``run`` in ``<workdir>/runs/<run.name>`` and return its record.
 
   The record (also ``result.json`` in the run directory) holds the tags, the
-  final step, the train / eval / final-split metrics, the best eval, the wall
+  final step, the train / eval / final-split metrics (key
+  :func:`split_record_key`), the best eval, the wall
   time and ``extra(result)`` — an experiment's own numbers computed from the
   :class:`~orthojax.train.trainer.TrainResult` (e.g. spectra of the final
   weights; a ``"headline"`` string there replaces the metrics in the
@@ -183,7 +194,7 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
       "seconds": time.perf_counter() - start_time,
       "train": result.train_metrics,
       "eval": result.eval_metrics,
-      **{split: metrics for split, metrics in result.split_metrics.items()},
+      **{split_record_key(split): metrics for split, metrics in result.split_metrics.items()},
       "best": result.best_eval,
       **(extra(result) if extra else {}),
   }

@@ -62,3 +62,11 @@ def test_merge_cli_errors_name_the_missing_results(tmp_path):
   assert len(proc.stderr.strip().splitlines()) == 1
   proc = _cli.run("report", check=False)
   assert proc.returncode == 2 and "no workdirs given" in proc.stderr
+
+
+def test_final_split_record_keys_never_shadow_the_run_metrics():
+  from experiments._harness import split_record_key
+  assert split_record_key("test") == "test"
+  assert split_record_key("validation") == "validation"
+  assert split_record_key("train") == "train_split"  # record["train"]: logged train metrics
+  assert split_record_key("eval") == "eval_split"
