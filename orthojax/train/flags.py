@@ -78,7 +78,7 @@ HELP: dict[str, str] = {
     "mesh_data": "Mesh 'data' axis size; -1 fills.",
     "mesh_fsdp": "Mesh 'fsdp' axis size (params sharded); -1 fills.",
     "mesh_model": "Mesh 'model' axis size.",
-    "log_every": "Log train metrics every N steps.",
+    "log_every": "Log train metrics every N steps (each the mean over those N steps).",
     "eval_every": "Evaluate every N steps; 0 = only at the end.",
     "checkpoint_every": "Checkpoint every N steps; 0 = only at the end / preemption.",
     "keep_checkpoints": "Checkpoints to keep.",

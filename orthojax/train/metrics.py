@@ -18,6 +18,7 @@ import time
 from typing import Any, Mapping, TextIO
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
@@ -38,6 +39,42 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
     except json.JSONDecodeError:
       continue
   return records
+
+
+@jax.jit
+def _accumulate(sums: Any, counts: Any, metrics: Any) -> tuple[Any, Any]:
+  finite = jax.tree.map(jnp.isfinite, metrics)
+  sums = jax.tree.map(lambda s, m, f: s + jnp.where(f, m, 0.0), sums, metrics, finite)
+  counts = jax.tree.map(lambda c, f: c + f.astype(jnp.int32), counts, finite)
+  return sums, counts
+
+
+class IntervalMean:
+  """Means of per-step scalar metrics over the steps since the last :meth:`result`.
+
+  Accumulated on the device (one small asynchronous jitted add per step, no
+  host sync), so a logged train loss is the mean over the logging interval,
+  as in the Flax examples, not one noisy batch. Non-finite values (steps the
+  ``nan_policy="skip"`` guard dropped) are left out of the means; a metric
+  with no finite value in the interval comes out NaN.
+  """
+
+  def __init__(self):
+    self._sums = self._counts = None
+
+  def add(self, metrics: Mapping[str, Any]) -> None:
+    if self._sums is None:
+      self._sums = jax.tree.map(lambda m: jnp.zeros((), jnp.float32), dict(metrics))
+      self._counts = jax.tree.map(lambda m: jnp.zeros((), jnp.int32), dict(metrics))
+    self._sums, self._counts = _accumulate(self._sums, self._counts, dict(metrics))
+
+  def result(self) -> dict[str, float]:
+    """The interval means (host floats); starts a new interval."""
+    if self._sums is None:
+      return {}
+    sums, counts = jax.device_get((self._sums, self._counts))
+    self._sums = self._counts = None
+    return {k: float(sums[k]) / int(counts[k]) if counts[k] else math.nan for k in sums}
 
 
 class MetricsWriter:

@@ -47,7 +47,7 @@ class TrainResult:
 
   Attributes:
     final_step: steps taken (less than planned after early stopping or preemption).
-    train_metrics: the last logged train metrics.
+    train_metrics: the last logged train metrics (means over its logging interval).
     eval_metrics: the final evaluation on the eval split — of the best state
       with ``--restore_best``, else of the last one.
     best_eval: ``{metric: best value, "step": …, "stopped_early": …}`` or None.
@@ -202,6 +202,7 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
   batches = mesh_lib.prefetch_to_mesh(data_lib.train_batches(
       config.dataset, batch_size=local_batch, seed=config.seed,
       start_batch=int(meta["batches_consumed"]), data_dir=data_dir, **options), mesh)
+  interval = metrics_lib.IntervalMean()
   train_metrics: dict[str, float] = {}
   eval_metrics: dict[str, float] = {}
   split_metrics: dict[str, dict[str, float]] = {}
@@ -236,12 +237,13 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
     start_time = time.perf_counter()
     while step < total_steps:
       state, metrics = train_step(state, next(batches))
+      interval.add(metrics)
       step += 1
       meta["batches_consumed"] = int(meta["batches_consumed"]) + 1
 
       if step % config.log_every == 0 or step == total_steps:
         check_finite()
-        values = dict(jax.device_get(metrics))
+        values = interval.result()   # means over the steps since the last log
         values["lr_scale"] = jax.device_get(state.lr_scale)
         train_metrics = writer.write(step, values, "train")
       if config.spectrum_every and step % config.spectrum_every == 0:

@@ -244,3 +244,21 @@ def test_bfloat16_compute_trains_with_float32_params(tmp_path):
   assert l16[-1] < 0.6 * l16[0]                                  # it learns
   np.testing.assert_allclose(l16, l32, rtol=0.05)                # like float32, to bf16 accuracy
   assert l16 != l32                                              # but it did compute in bf16
+
+
+def test_logged_train_metrics_are_means_over_the_logging_interval(tmp_path):
+  _, every = _run(_BASE.replace(log_every=1), tmp_path, "every")
+  _, fourth = _run(_BASE.replace(log_every=4), tmp_path, "fourth")
+  per_step = np.asarray(_losses(every))
+  assert len(per_step) == 12 and len(_losses(fourth)) == 3
+  np.testing.assert_allclose(_losses(fourth), per_step.reshape(3, 4).mean(axis=1), rtol=1e-6)
+
+
+def test_interval_mean_skips_non_finite_steps_and_resets():
+  from orthojax.train.metrics import IntervalMean
+  mean = IntervalMean()
+  for loss in (1.0, float("nan"), 3.0):
+    mean.add({"loss": jnp.float32(loss), "grad_norm": jnp.float32(float("inf"))})
+  result = mean.result()
+  assert result["loss"] == 2.0 and np.isnan(result["grad_norm"])
+  assert mean.result() == {}
