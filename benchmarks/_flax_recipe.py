@@ -36,6 +36,13 @@ from flax import linen as nn
 STAGES = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}
 
 
+def _add_shortcut(x, y, strides, conv, norm):
+  """``ReLU(shortcut(x) + y)``; a 1×1 conv + BN projection where the shapes differ."""
+  if x.shape != y.shape:
+    x = norm()(conv(y.shape[-1], (1, 1), strides)(x))
+  return nn.relu(x + y)
+
+
 class _Basic(nn.Module):
   filters: int
   strides: int
@@ -46,9 +53,7 @@ class _Basic(nn.Module):
   def __call__(self, x):
     y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), self.strides)(x)))
     y = self.norm(scale_init=nn.initializers.zeros)(self.conv(self.filters, (3, 3))(y))
-    if x.shape != y.shape:
-      x = self.norm()(self.conv(self.filters, (1, 1), self.strides)(x))
-    return nn.relu(x + y)
+    return _add_shortcut(x, y, self.strides, self.conv, self.norm)
 
 
 class _Bottleneck(nn.Module):
@@ -62,9 +67,7 @@ class _Bottleneck(nn.Module):
     y = nn.relu(self.norm()(self.conv(self.filters, (1, 1))(x)))
     y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), self.strides)(y)))
     y = self.norm(scale_init=nn.initializers.zeros)(self.conv(4 * self.filters, (1, 1))(y))
-    if x.shape != y.shape:
-      x = self.norm()(self.conv(4 * self.filters, (1, 1), self.strides)(x))
-    return nn.relu(x + y)
+    return _add_shortcut(x, y, self.strides, self.conv, self.norm)
 
 
 class ResNet(nn.Module):

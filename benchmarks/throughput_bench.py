@@ -28,7 +28,6 @@ from __future__ import annotations
 import pathlib
 
 import jax
-import jax.numpy as jnp
 from absl import flags
 from flax import nnx
 
@@ -69,10 +68,7 @@ def _orthojax_step(norm: str, depth: int, image_size: int, batch: int):
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   params = nnx.to_pure_dict(params)
   tx = optimizers.build(config, total_steps=config.num_epochs * 5004)
-  state = TrainState(step=jnp.int32(0), params=params, model_state=nnx.to_pure_dict(rest),
-                     opt_state=tx.init(params), rng=jax.random.key_data(jax.random.key(1)),
-                     lr_scale=jnp.float32(1.0), first_nonfinite_step=jnp.int32(-1),
-                     skipped_steps=jnp.int32(0))
+  state = TrainState.create(params, nnx.to_pure_dict(rest), tx, jax.random.key(1))
   step = make_train_step(graphdef, tx, losses.get_loss(config.loss), classification=True,
                          compute_dtype=model_zoo.compute_dtype(config),
                          nan_policy=config.nan_policy,

@@ -36,6 +36,15 @@ class TrainState(NamedTuple):
   first_nonfinite_step: jax.Array  # int32, -1 while every step was finite
   skipped_steps: jax.Array         # int32
 
+  @classmethod
+  def create(cls, params: Any, model_state: Any, tx: optax.GradientTransformation,
+             rng: jax.Array) -> "TrainState":
+    """The state before the first step: ``tx.init(params)``, lr scale 1, no bad steps."""
+    return cls(step=jnp.int32(0), params=params, model_state=model_state,
+               opt_state=tx.init(params), rng=jax.random.key_data(rng),
+               lr_scale=jnp.float32(1.0), first_nonfinite_step=jnp.int32(-1),
+               skipped_steps=jnp.int32(0))
+
 
 def _cast(tree: Any, dtype: Any) -> Any:
   return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,

@@ -20,7 +20,6 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 import orthojax as oj
@@ -150,13 +149,7 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
   def init() -> TrainState:
     model = build_model()
     _, params, rest = nnx.split(model, nnx.Param, ...)
-    params = _pure(params)
-    return TrainState(
-        step=jnp.int32(0), params=params, model_state=_pure(rest),
-        opt_state=tx.init(params),
-        rng=jax.random.key_data(jax.random.key(config.seed + 1)),
-        lr_scale=jnp.float32(1.0), first_nonfinite_step=jnp.int32(-1),
-        skipped_steps=jnp.int32(0))
+    return TrainState.create(_pure(params), _pure(rest), tx, jax.random.key(config.seed + 1))
 
   # ------------------------------------------------------ Init or restore --
   checkpointer = None

@@ -87,10 +87,7 @@ def test_bfloat16_compute_reaches_every_layer(overrides, info):
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   params = nnx.to_pure_dict(params)
   tx = optimizers.build(config, total_steps=10)
-  state = TrainState(step=jnp.int32(0), params=params, model_state=nnx.to_pure_dict(rest),
-                     opt_state=tx.init(params), rng=jax.random.key_data(jax.random.key(0)),
-                     lr_scale=jnp.float32(1), first_nonfinite_step=jnp.int32(-1),
-                     skipped_steps=jnp.int32(0))
+  state = TrainState.create(params, nnx.to_pure_dict(rest), tx, jax.random.key(0))
   classification = info.task == "classification"
   y = (jnp.zeros((_BATCH,), jnp.int32) if classification else jnp.zeros((_BATCH,), jnp.float32))
   batch = {"x": jnp.ones((_BATCH,) + info.input_shape, jnp.float32), "y": y}
