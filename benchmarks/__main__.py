@@ -26,6 +26,7 @@ from benchmarks import _harness  # noqa: E402
 SUITES: list[tuple[str, str]] = [
     ("linalg", "benchmarks.linalg_bench"),
     ("optim", "benchmarks.optim_bench"),
+    ("optim_profile", "benchmarks.optim_profile_bench"),
     ("gmp", "benchmarks.gmp_bench"),
     ("deep_mlp", "benchmarks.deep_mlp_bench"),
     ("resnet", "benchmarks.resnet_bench"),
