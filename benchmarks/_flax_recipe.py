@@ -43,11 +43,15 @@ def _add_shortcut(x, y, strides, conv, norm):
   return nn.relu(x + y)
 
 
-class _Basic(nn.Module):
+class _Block(nn.Module):
+  """Fields shared by both residual blocks."""
   filters: int
   strides: int
   conv: Any
   norm: Any
+
+
+class _Basic(_Block):
 
   @nn.compact
   def __call__(self, x):
@@ -56,11 +60,7 @@ class _Basic(nn.Module):
     return _add_shortcut(x, y, self.strides, self.conv, self.norm)
 
 
-class _Bottleneck(nn.Module):
-  filters: int
-  strides: int
-  conv: Any
-  norm: Any
+class _Bottleneck(_Block):
 
   @nn.compact
   def __call__(self, x):
