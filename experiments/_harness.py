@@ -64,6 +64,11 @@ def define_flags() -> None:
                     "them); empty: all of them.")
   flags.DEFINE_integer("num_seeds", 0, "Seeds per setting: --seed, --seed+1, ...; 0: the "
                        "experiment's default.")
+  flags.DEFINE_string("compile_for", "", "Pod compile check: compile the exact train and eval "
+                      "steps for this TPU topology (e.g. v5e:8x8, v4:2x2x4; with --num_slices "
+                      "for multi-slice) with libtpu, without TPUs or data; print the per-chip "
+                      "HBM, FLOPs, collectives and roofline, write compile_report.json to "
+                      "--workdir, and stop (exit 1 if it does not fit).")
 
 
 def start(argv: Sequence[str]) -> Config:
@@ -77,11 +82,69 @@ def start(argv: Sequence[str]) -> Config:
   if not flags.FLAGS["verbosity"].present:   # Orbax logs every save at INFO
     logging.set_verbosity(logging.WARNING)
   fv = flags.FLAGS
+  if fv.compile_for:   # abstract TPU devices only; this machine's backend is the CPU
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.config.update("jax_platforms", "cpu")
   distributed.initialize(enabled=fv.distributed, coordinator_address=fv.coordinator_address,
                          num_processes=fv.num_processes, process_id=fv.process_id)
   import jax  # pylint: disable=g-import-not-at-top  (after distributed start-up)
+  if fv.compile_for:   # checked against the topology's chips and hosts by compile_runs
+    return fail_on_config_error(flags_lib.config_from_flags)
   return fail_on_config_error(lambda: flags_lib.config_from_flags(
       num_devices=jax.device_count(), num_processes=jax.process_count()))
+
+
+# ----------------------------------------------------------- Compile check --
+
+def compile_only() -> bool:
+  """Whether ``--compile_for`` asks to compile the runs instead of training them."""
+  return bool(flags.FLAGS.compile_for)
+
+
+def _program_key(config: Config) -> Config:
+  """Runs differing only in seed, workdir or data split compile to the same program."""
+  options = tuple((k, v) for k, v in config.dataset_options
+                  if k not in ("split_index", "data_seed", "permutation_seed"))
+  return config.replace(seed=0, workdir="", dataset_options=options)
+
+
+def compile_runs(runs: Sequence[Run], workdir: str, *, print_fn: Callable[..., None] = print
+                 ) -> NoReturn:
+  """``--compile_for``: compile each distinct program of ``runs`` for the topology and stop.
+
+  Prints one table per program, writes them all to ``<workdir>/compile_report.json``
+  (nothing is written without ``--workdir``) and exits 0, or 1 with one line
+  when the topology, the mesh or the batch is wrong or a program does not fit
+  the chip's HBM. A run's own ``devices`` (tiny runs pinned to one CPU) give
+  way to the topology's chips.
+  """
+  from orthojax.train import aot  # pylint: disable=g-import-not-at-top
+  from orthojax.train import topology  # pylint: disable=g-import-not-at-top
+  target = flags.FLAGS.compile_for
+  reports: dict[str, Any] = {}
+  configs: list[Config] = []
+  seen: set[Config] = set()
+  try:
+    for run in runs:
+      key = _program_key(run.config)
+      if key in seen:
+        continue
+      seen.add(key)
+      print_fn(f"Compiling {run.name or 'the run'} for {target}"
+               + (f" × {run.config.num_slices} slices" if run.config.num_slices > 1 else "")
+               + " …", flush=True)
+      report = aot.compile_for(run.config, target)
+      reports[run.name or "run"] = report
+      configs.append(run.config)
+      print_fn(report.table() + "\n", flush=True)
+    if workdir and is_writer():
+      print_fn(f"Compile report: {aot.write_reports(workdir, reports)}", flush=True)
+    for report, config in zip(reports.values(), configs):
+      report.check_fits(config)
+  except (ConfigError, ValueError, topology.TopologyError, aot.DoesNotFitError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(1) from None
+  raise SystemExit(0)
 
 
 def fail(message: str) -> NoReturn:

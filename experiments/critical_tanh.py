@@ -200,7 +200,8 @@ def main(argv):
       _harness.fail(f"--{name}={value}: must be >= 1")
 
   info = _harness.fail_on_config_error(lambda: data_lib.dataset_info(
-      base.dataset, data_dir=base.data_dir or None, **base.options))
+      base.dataset, data_dir=base.data_dir or None, published=_harness.compile_only(),
+      **base.options))
   steps_per_epoch = max(info.num_train // base.batch_size, 1)
   if _DIAG_BATCH.value > info.num_train:
     _harness.fail(f"--diagnostic_batch={_DIAG_BATCH.value}: the training split has only "
@@ -208,6 +209,8 @@ def main(argv):
   runs = plan(base, q_stars, kinds, seeds, _MANIFOLD_OPT.value, _MANIFOLD_LR.value)
   runs = [_harness.Run(r.tags, r.config.replace(spectrum_every=steps_per_epoch))
           for r in runs]
+  if _harness.compile_only():
+    _harness.compile_runs(runs, base.workdir)
   print(f"E5 critical tanh: {len(runs)} runs (q* {', '.join(map(_q_label, q_stars))} × "
         f"{', '.join(kinds)} × {seeds} seeds), depth {base.depth}, width {base.width}, "
         f"{base.dataset}, {steps_per_epoch} steps/epoch", flush=True)

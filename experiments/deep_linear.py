@@ -321,13 +321,16 @@ def main(argv):
     _harness.fail("--num_epochs: E7 trains full batch for a number of epochs "
                   "(--num_steps is not used)")
   try:
-    info = data_lib.dataset_info(base.dataset, data_dir=base.data_dir or None, **base.options)
+    info = data_lib.dataset_info(base.dataset, data_dir=base.data_dir or None,
+                                 published=_harness.compile_only(), **base.options)
   except (ValueError, data_lib.DatasetNotFoundError) as e:
     _harness.fail(f"--dataset={base.dataset}: {str(e).splitlines()[0]}")
   if info.task == "classification" and base.loss != "cross_entropy":
     _harness.fail(f"--loss={base.loss}: {base.dataset} is a classification set; "
                   f"E7 trains with --loss=cross_entropy")
   plan = runs(base, depths, inits, num_seeds, fv.lr_scaling, info.num_train)
+  if _harness.compile_only():
+    _harness.compile_runs(plan, base.workdir)
   for run in plan:
     _harness.fail_on_config_error(lambda run=run: run.config.validate(num_devices=1))
 

@@ -671,6 +671,8 @@ def main(argv):
     _harness.fail("--workdir: the experiment writes its runs, trajectories and report there")
   plan = plan_runs(base, toys, variants, lrs, seeds, steps=steps, batch_sizes=batch,
                    options=options, levy_loss=_LEVY_LOSS.value)
+  if _harness.compile_only():
+    _harness.compile_runs(plan, base.workdir)
   _harness.fail_on_config_error(lambda: [r.config.validate(num_devices=1) for r in plan])
   start = time.perf_counter()
   print(f"E4 GmP toys: {len(plan)} runs ({', '.join(toys)} × {', '.join(variants)} × lr "

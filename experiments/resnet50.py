@@ -129,7 +129,7 @@ def check_data(config) -> Any:
   from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
   try:
     return data_lib.dataset_info(config.dataset, data_dir=config.data_dir or None,
-                                 **config.options)
+                                 published=_harness.compile_only(), **config.options)
   except data_lib.DatasetNotFoundError as e:
     _harness.fail(str(e))
   except ValueError as e:
@@ -162,6 +162,9 @@ def main(argv):
   if base.variant not in NORMS:
     _harness.fail(f"--variant={base.variant}: E1 variants are {', '.join(NORMS)} (Table 1: "
                   f"bn, wn_mbn, gmp_imn)")
+  run = _harness.Run(tags=(("model", base.model), ("variant", base.variant)), config=base)
+  if _harness.compile_only():
+    _harness.compile_runs([run], base.workdir)
   if not base.workdir:
     _harness.fail("--workdir: the run's checkpoints, metrics and report go there")
   info = check_data(base)
@@ -170,7 +173,6 @@ def main(argv):
     print(f"Note: --eval_every={base.eval_every} but one epoch is {per_epoch} steps; the "
           f"plateau / early-stopping patience counts evaluations, not epochs", flush=True)
   comparable = (base.model == "resnet50" and base.dataset == "imagenet2012")
-  run = _harness.Run(tags=(("model", base.model), ("variant", base.variant)), config=base)
   run_dir = os.path.join(base.workdir, "runs", run.name)
   start = time.perf_counter()
   print(f"E1 {base.model} {base.variant} on {base.dataset}: batch {base.batch_size}, lr "

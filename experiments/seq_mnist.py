@@ -371,13 +371,16 @@ def main(argv):
   if not base.workdir:
     _harness.fail("--workdir: the experiment writes its runs and report there")
   try:
-    info = data_lib.dataset_info(base.dataset, data_dir=base.data_dir or None, **base.options)
+    info = data_lib.dataset_info(base.dataset, data_dir=base.data_dir or None,
+                                 published=_harness.compile_only(), **base.options)
   except data_lib.DatasetNotFoundError as e:
     _harness.fail(" ".join(str(e).split()))
   except ValueError as e:
     _harness.fail(f"--dataset_options: {str(e).splitlines()[0]}")
   steps_per_epoch = max(info.num_train // base.batch_size, 1)
   plan = runs(base, variants, strengths, num_seeds, steps_per_epoch, spectrum_hook)
+  if _harness.compile_only():
+    _harness.compile_runs(plan, base.workdir)
   import jax  # pylint: disable=g-import-not-at-top
   for run in plan:
     _harness.fail_on_config_error(

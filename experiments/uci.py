@@ -123,6 +123,8 @@ def main(argv):
   plan, missing, target_std = runs(base, datasets, variants, _SPLITS.value, _PROTOCOL.value, _GMP_LR.value)
   if missing and not _SKIP_MISSING.value:
     _harness.fail(" | ".join(missing.values()))
+  if _harness.compile_only():
+    _harness.compile_runs(plan, base.workdir)
   print(f"E3 UCI: {len(plan)} runs ({', '.join(d for d in datasets if d not in missing)} × "
         f"{', '.join(variants)} × {_SPLITS.value} splits), protocol {_PROTOCOL.value}",
         flush=True)

@@ -133,6 +133,8 @@ def main(argv):
     _harness.fail("--workdir: the experiment writes its runs and report there")
   info = e1.check_data(base)
   plan = plan_runs(base, variants, batches, _GMP_LR.value, info.num_train)
+  if _harness.compile_only():
+    _harness.compile_runs(plan, base.workdir)
   import jax  # pylint: disable=g-import-not-at-top
   _harness.fail_on_config_error(lambda: [r.config.validate(
       num_devices=jax.device_count(), num_processes=jax.process_count()) for r in plan])

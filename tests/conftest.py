@@ -9,6 +9,9 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # tests never need a GPU
+# libtpu is installed for the pod compile check; tests run on the CPU backend and
+# reach TPUs only as abstract compile targets.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # jaxlib's CPU SVD/QR call OpenBLAS, whose threads fight XLA's on 2 cores.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")

@@ -10,6 +10,7 @@ built or loaded.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "vgg6", "mlp", "deep_mlp",
@@ -86,6 +87,7 @@ class Config:
   mesh_data: int = -1
   mesh_fsdp: int = 1
   mesh_model: int = 1
+  num_slices: int = 1
   # Loop.
   log_every: int = 50
   eval_every: int = 0
@@ -119,6 +121,7 @@ class Config:
     _positive("grad_accum_steps", self.grad_accum_steps)
     _positive("keep_checkpoints", self.keep_checkpoints)
     _positive("log_every", self.log_every)
+    _positive("num_slices", self.num_slices)
     for name in ("num_steps", "warmup_steps", "eval_every", "checkpoint_every", "spectrum_every",
                  "early_stopping_patience", "depth", "width", "plateau_patience"):
       _nonnegative(name, getattr(self, name))
@@ -172,6 +175,7 @@ class Config:
       raise ConfigError(f"--batch_size={self.batch_size}: not divisible by the "
                         f"{num_processes} processes")
     if num_devices is not None:
+      _check_mesh(self, num_devices)
       ways = _batch_ways(self, num_devices)
       if self.batch_size % ways:
         raise ConfigError(f"--batch_size={self.batch_size}: not divisible by the {ways} "
@@ -181,6 +185,23 @@ class Config:
                           f"{self.batch_size} must split into that many micro-batches of "
                           f"a multiple of {ways} devices")
     return self
+
+
+def _check_mesh(config: Config, num_devices: int) -> None:
+  sizes = {"mesh_data": config.mesh_data, "mesh_fsdp": config.mesh_fsdp,
+           "mesh_model": config.mesh_model}
+  for name, size in sizes.items():
+    if size == 0 or size < -1:
+      raise ConfigError(f"--{name}={size}: must be a positive integer or -1 (fill)")
+  flags_text = " ".join(f"--{k}={v}" for k, v in sizes.items())
+  if list(sizes.values()).count(-1) > 1:
+    raise ConfigError(f"{flags_text}: only one axis may be -1 (fill)")
+  known = math.prod(v for v in sizes.values() if v != -1)
+  fills = -1 in sizes.values()
+  if (fills and num_devices % known) or (not fills and known != num_devices):
+    raise ConfigError(f"{flags_text}: a mesh of {known}{' x n' if fills else ''} devices "
+                      f"cannot hold the {num_devices} devices; the axis sizes must multiply to "
+                      f"{num_devices} (or set one to -1 to fill)")
 
 
 def _batch_ways(config: Config, num_devices: int) -> int:

@@ -78,6 +78,8 @@ HELP: dict[str, str] = {
     "mesh_data": "Mesh 'data' axis size; -1 fills.",
     "mesh_fsdp": "Mesh 'fsdp' axis size (params sharded); -1 fills.",
     "mesh_model": "Mesh 'model' axis size.",
+    "num_slices": "TPU slices (multi-slice): the 'data' axis spans them over the data-centre "
+                  "network, 'fsdp' and 'model' stay inside a slice.",
     "log_every": "Log train metrics every N steps (each the mean over those N steps).",
     "eval_every": "Evaluate every N steps; 0 = only at the end.",
     "checkpoint_every": "Checkpoint every N steps; 0 = only at the end / preemption.",

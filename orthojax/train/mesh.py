@@ -30,6 +30,7 @@ import numpy as np
 import optax
 from flax import nnx
 from flax.core import spmd
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
@@ -48,16 +49,26 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 
 
 def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1,
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
+              devices: Sequence[jax.Device] | None = None, *, num_slices: int = 1) -> Mesh:
   """A ``(data, fsdp, model)`` mesh over ``devices`` (default: all devices).
+
+  With ``num_slices > 1`` (TPU multi-slice) the mesh is *hybrid*: the
+  ``data`` axis runs across the slices over the data-centre network (DCN),
+  one gradient all-reduce per step, while ``fsdp`` and ``model`` — whose
+  collectives are many and on the critical path — stay inside a slice on the
+  chips' interconnect (ICI); ``jax.experimental.mesh_utils.
+  create_hybrid_device_mesh`` lays the devices out. Axis names and sizes are
+  global, so sharding rules do not change with the number of slices.
 
   Args:
     data, fsdp, model: axis sizes; one of them may be −1 to take the devices
       left over.
+    num_slices: slices the devices form (each device's ``slice_index``).
 
   Raises:
-    ValueError: a size that is 0 or below −1, more than one −1, or sizes whose
-      product is not the number of devices.
+    ValueError: a size that is 0 or below −1, more than one −1, sizes whose
+      product is not the number of devices, or a slice count that does not
+      divide the ``data`` axis.
   """
   devices = list(jax.devices() if devices is None else devices)
   sizes = {"data": data, "fsdp": fsdp, "model": model}
@@ -79,7 +90,30 @@ def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1,
   shape = tuple(sizes[a] for a in AXES)
   # Auto axes: XLA's sharding propagation places intermediates (GSPMD), so
   # model code needs no sharding annotations.
-  return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
+  axis_types = (AxisType.Auto,) * len(AXES)
+  if num_slices == 1:
+    return jax.make_mesh(shape, AXES, axis_types=axis_types, devices=devices)
+  return Mesh(_hybrid_devices(shape, num_slices, devices), AXES, axis_types=axis_types)
+
+
+def _hybrid_devices(shape: tuple[int, ...], num_slices: int,
+                    devices: Sequence[jax.Device]) -> np.ndarray:
+  """Devices laid out for a hybrid mesh: ``data`` across slices, the rest within one."""
+  if num_slices < 1:
+    raise ValueError(f"mesh: --num_slices={num_slices} must be >= 1")
+  slices = {getattr(d, "slice_index", None) for d in devices}
+  if None in slices or len(slices) != num_slices:
+    found = "no slice index" if None in slices else f"{len(slices)} slice(s)"
+    raise ValueError(f"mesh: --num_slices={num_slices} but the {len(devices)} devices have "
+                     f"{found}; multi-slice needs TPU slices (or --compile_for=TOPOLOGY "
+                     f"--num_slices={num_slices})")
+  if shape[0] % num_slices:
+    raise ValueError(f"mesh: --mesh_data={shape[0]} is not divisible by --num_slices="
+                     f"{num_slices}: data parallelism spans the slices, fsdp and model stay "
+                     f"inside one ({len(devices) // num_slices} devices)")
+  ici = (shape[0] // num_slices,) + shape[1:]
+  dcn = (num_slices,) + (1,) * (len(shape) - 1)
+  return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
 
 
 def batch_parallelism(mesh: Mesh) -> int:
@@ -96,9 +130,15 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def check_global_batch(global_batch: int, mesh: Mesh, flag: str = "--batch_size") -> int:
-  """Validate a global batch against devices and processes; returns the per-process batch."""
-  ways, procs = batch_parallelism(mesh), jax.process_count()
+def check_global_batch(global_batch: int, mesh: Mesh, flag: str = "--batch_size", *,
+                       num_processes: int | None = None) -> int:
+  """Validate a global batch against devices and processes; returns the per-process batch.
+
+  ``num_processes`` defaults to ``jax.process_count()`` (the pod compile check
+  passes the target's host count).
+  """
+  ways = batch_parallelism(mesh)
+  procs = jax.process_count() if num_processes is None else num_processes
   if global_batch <= 0:
     raise ValueError(f"{flag}={global_batch} must be positive")
   if global_batch % ways:

@@ -1,14 +1,19 @@
-"""The training loop: one linear ``train(config)`` in banner-commented sections.
+"""The training run: build → compile → loop.
 
-Mesh → input → model (abstract) → shardings → optimizer → init or restore →
-jitted step → loop (log, eval, plateau / early stopping, checkpoint,
-preemption) → final eval. The same code runs on one CPU, simulated CPU
-devices, a GPU and a multi-host pod: everything device-specific is the mesh.
+:func:`train` builds the run's program (:func:`orthojax.train.program.build_program`:
+mesh, model, optimizer, shardings, jitted steps), compiles its steps ahead of
+time (:func:`~orthojax.train.program.compile_program` — the same two calls the
+pod compile check makes on abstract TPU devices), initialises or restores the
+train state, and loops: log, evaluate, reduce on plateau / stop early,
+checkpoint, stop at preemption; then the final evaluation. The same code runs
+on one CPU, simulated CPU devices, a GPU and a multi-host pod: everything
+device-specific is the mesh.
 
-Exact resume: the checkpoint holds the train state *and* the number of
-batches consumed; the input pipeline is deterministic from the seed and
-restarts at that batch, so a run killed at any step and restarted produces
-the same parameters as an uninterrupted one.
+Exact resume: the checkpoint holds the train state *and* the loop's
+bookkeeping (:class:`LoopState`, incl. the number of batches consumed); the
+input pipeline is deterministic from the seed and restarts at that batch, so
+a run killed at any step and restarted produces the same parameters as an
+uninterrupted one.
 """
 
 from __future__ import annotations
@@ -17,23 +22,21 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
-from flax import nnx
 
-import orthojax as oj
 from orthojax.train import checkpoint as ckpt_lib
 from orthojax.train import data as data_lib
-from orthojax.train import losses as losses_lib
 from orthojax.train import mesh as mesh_lib
 from orthojax.train import metrics as metrics_lib
-from orthojax.train import model_zoo
-from orthojax.train import optimizers
 from orthojax.train.config import Config
+from orthojax.train.program import CompiledProgram
+from orthojax.train.program import build_program
+from orthojax.train.program import compile_program
 from orthojax.train.step import TrainState
-from orthojax.train.step import make_eval_step
-from orthojax.train.step import make_train_step
+
+Hook = Callable[[int, Any], dict[str, Any]]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -67,13 +70,37 @@ class TrainResult:
   split_metrics: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
 
-def _pure(state: nnx.State) -> Any:
-  return nnx.to_pure_dict(state)
+@dataclasses.dataclass
+class LoopState:
+  """The loop's bookkeeping besides the train state; saved in every checkpoint.
 
+  Attributes:
+    batches_consumed: training batches stepped on (the input position to resume at).
+    best: the best value of the watched eval metric so far (None before the first eval).
+    best_step: the step of that evaluation.
+    evals_since_best: evaluations without improvement (early stopping).
+    plateau_evals: evaluations without improvement since the last lr decay.
+  """
 
-def _eval_metric(config: Config, classification: bool) -> tuple[str, str]:
-  """The metric plateau / early stopping watch, and whether higher is better."""
-  return ("top1", "max") if classification else ("loss", "min")
+  batches_consumed: int = 0
+  best: float | None = None
+  best_step: int | None = None
+  evals_since_best: int = 0
+  plateau_evals: int = 0
+
+  @classmethod
+  def from_meta(cls, meta: dict[str, Any]) -> "LoopState":
+    return cls(**{f.name: meta[f.name] for f in dataclasses.fields(cls) if f.name in meta})
+
+  def track(self, value: float, higher_is_better: bool, step: int) -> None:
+    """Record an evaluation of the watched metric."""
+    improved = self.best is None or (value > self.best if higher_is_better else value < self.best)
+    if improved:
+      self.best, self.best_step = float(value), step
+      self.evals_since_best = self.plateau_evals = 0
+    else:
+      self.evals_since_best += 1
+      self.plateau_evals += 1
 
 
 def evaluate(eval_step: Callable, state: TrainState, batches, mesh) -> dict[str, float]:
@@ -93,7 +120,7 @@ def evaluate(eval_step: Callable, state: TrainState, batches, mesh) -> dict[str,
   return out
 
 
-def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
+def train(config: Config, *, hooks: tuple[Hook, ...] = (),
           devices: list[jax.Device] | None = None, print_fn=print) -> TrainResult:
   """Train ``config``; resumes from ``config.workdir`` when it holds a checkpoint.
 
@@ -109,205 +136,191 @@ def train(config: Config, *, hooks: tuple[Callable[..., Any], ...] = (),
     NonFiniteLossError: a non-finite loss with ``--nan_policy=stop``; the
       message has the step, and no checkpoint is written after it.
   """
-  # ----------------------------------------------------------------- Mesh --
   devices = list(jax.devices() if devices is None else devices)
   config.validate(num_devices=len(devices), num_processes=jax.process_count())
-  mesh = mesh_lib.make_mesh(config.mesh_data, config.mesh_fsdp, config.mesh_model, devices)
-  local_batch = mesh_lib.check_global_batch(config.batch_size, mesh)
+  info = data_lib.dataset_info(config.dataset, data_dir=config.data_dir or None,
+                               **config.options)
+  program = build_program(config, info, devices=devices, num_processes=jax.process_count())
+  return _Loop(compile_program(program), hooks, print_fn).run()
 
-  # ---------------------------------------------------------------- Input --
-  options = config.options
-  data_dir = config.data_dir or None
-  info = data_lib.dataset_info(config.dataset, data_dir=data_dir, **options)
-  classification = info.task == "classification"
-  steps_per_epoch = max(info.num_train // config.batch_size, 1)
-  total_steps = config.num_steps or int(math.ceil(config.num_epochs * steps_per_epoch))
-  eval_batch = config.eval_batch_size or config.batch_size
-  eval_local = mesh_lib.check_global_batch(eval_batch, mesh, "--eval_batch_size")
 
-  # ---------------------------------------------------------------- Model --
-  build_model = lambda: model_zoo.build(config, info, nnx.Rngs(config.seed))
-  abstract = nnx.eval_shape(build_model)
-  abstract.train()
-  graphdef_train, abs_params, abs_rest = nnx.split(abstract, nnx.Param, ...)
-  abstract.eval()
-  graphdef_eval = nnx.split(abstract, nnx.Param, ...)[0]
-  labels = _pure(oj.nn.manifold_labels(abs_params)) if config.weights != "euclidean" else None
-  views = _pure(oj.nn.matrix_views(abs_params))   # stacks (scanned layers) carry theirs
-  penalty_mask = model_zoo.penalty_mask(config, abstract, _pure(abs_params))
+class _Loop:
+  """The training loop over a compiled program (one instance per run)."""
 
-  # -------------------------------------------------------------- Sharding --
-  tx = optimizers.build(config, total_steps=total_steps, labels=labels, views=views,
-                        penalty_mask=penalty_mask)
-  params_sh = mesh_lib.param_shardings(abs_params, mesh)
-  rest_sh = mesh_lib.param_shardings(abs_rest, mesh)
-  rep = mesh_lib.replicated(mesh)
-  opt_sh = mesh_lib.opt_state_shardings(tx, _pure(abs_params), params_sh, mesh)
-  state_sh = TrainState(step=rep, params=params_sh, model_state=rest_sh, opt_state=opt_sh,
-                        rng=rep, lr_scale=rep, first_nonfinite_step=rep, skipped_steps=rep)
-
-  def init() -> TrainState:
-    model = build_model()
-    _, params, rest = nnx.split(model, nnx.Param, ...)
-    return TrainState.create(_pure(params), _pure(rest), tx, jax.random.key(config.seed + 1))
+  def __init__(self, compiled: CompiledProgram, hooks: tuple[Hook, ...], print_fn):
+    self.compiled = compiled
+    self.program = program = compiled.program
+    self.config = config = program.config
+    self.hooks = hooks
+    self.print = print_fn
+    self.watch, self.higher_is_better = (("top1", True) if program.classification
+                                         else ("loss", False))
+    self.checkpointer = None
+    if config.workdir:
+      self.checkpointer = ckpt_lib.Checkpointer(
+          os.path.join(config.workdir, "checkpoints"), every_steps=config.checkpoint_every,
+          keep=config.keep_checkpoints)
+    self.loop = LoopState()
+    self.best_state: TrainState | None = None   # --restore_best: a copy at the best eval
+    self.state = self._init_or_restore()
+    self.step = int(jax.device_get(self.state.step))
+    self.saved_step = self.step if self.restored else None
 
   # ------------------------------------------------------ Init or restore --
-  checkpointer = None
-  best_state: TrainState | None = None   # --restore_best: a copy at the best eval
-  meta: dict[str, Any] = {"batches_consumed": 0, "best": None, "best_step": None,
-                          "evals_since_best": 0, "plateau_evals": 0}
-  if config.workdir:
-    checkpointer = ckpt_lib.Checkpointer(os.path.join(config.workdir, "checkpoints"),
-                                         every_steps=config.checkpoint_every,
-                                         keep=config.keep_checkpoints)
-  latest = checkpointer.latest_step() if checkpointer else None
-  if latest is not None:
-    abstract_state = jax.eval_shape(init)
-    target = ckpt_lib.abstract_like(abstract_state, state_sh)
-    state, restored_meta = checkpointer.restore(latest, target)
-    best_state = restored_meta.pop("best_state", None)
-    meta.update(restored_meta)
-    print_fn(f"Resumed from {checkpointer.directory} at step {latest}", flush=True)
-  else:
-    state = jax.jit(init, out_shardings=state_sh)()
 
-  # ----------------------------------------------------------------- Steps --
-  loss_fn = losses_lib.get_loss(config.loss, config.label_smoothing)
-  compute_dtype = model_zoo.compute_dtype(config)
-  train_step = jax.jit(
-      make_train_step(graphdef_train, tx, loss_fn, classification=classification,
-                      compute_dtype=compute_dtype, grad_accum_steps=config.grad_accum_steps,
-                      nan_policy=config.nan_policy, scale_updates=config.schedule == "plateau"),
-      in_shardings=(state_sh, mesh_lib.batch_sharding(mesh)),
-      out_shardings=(state_sh, rep), donate_argnums=0)
-  eval_step = jax.jit(make_eval_step(graphdef_eval, loss_fn, classification=classification,
-                                     compute_dtype=compute_dtype),
-                      in_shardings=(state_sh, mesh_lib.batch_sharding(mesh)), out_shardings=rep)
+  def _init_or_restore(self) -> TrainState:
+    latest = self.checkpointer.latest_step() if self.checkpointer else None
+    self.restored = latest is not None
+    if latest is None:
+      return self.program.init()
+    state, meta = self.checkpointer.restore(latest, self.program.abstract_state())
+    self.best_state = meta.pop("best_state", None)
+    self.loop = LoopState.from_meta(meta)
+    self.print(f"Resumed from {self.checkpointer.directory} at step {latest}", flush=True)
+    return state
 
-  def eval_batches(split: str = "eval"):
-    return data_lib.eval_batches(config.dataset, batch_size=eval_local, split=split,
-                                 data_dir=data_dir, **options)
+  # ---------------------------------------------------------------- Input --
 
-  # ------------------------------------------------------------------ Loop --
-  writer = metrics_lib.MetricsWriter(config.workdir or None, total_steps, print_fn=print_fn)
-  watch, mode = _eval_metric(config, classification)
-  step = int(jax.device_get(state.step))
-  batches = mesh_lib.prefetch_to_mesh(data_lib.train_batches(
-      config.dataset, batch_size=local_batch, seed=config.seed,
-      start_batch=int(meta["batches_consumed"]), data_dir=data_dir, **options), mesh)
-  interval = metrics_lib.IntervalMean()
-  train_metrics: dict[str, float] = {}
-  eval_metrics: dict[str, float] = {}
-  split_metrics: dict[str, dict[str, float]] = {}
-  preempted = stopped_early = False
-  if checkpointer:
-    checkpointer.install_sigterm_handler()
+  def _train_batches(self) -> Iterator[Any]:
+    config = self.config
+    return mesh_lib.prefetch_to_mesh(data_lib.train_batches(
+        config.dataset, batch_size=self.program.local_batch, seed=config.seed,
+        start_batch=self.loop.batches_consumed, data_dir=config.data_dir or None,
+        **config.options), self.program.mesh)
 
-  def check_finite():
-    bad = int(jax.device_get(state.first_nonfinite_step))
-    if bad >= 0 and config.nan_policy == "stop":
-      if checkpointer:
-        checkpointer.wait()
-      last = checkpointer.latest_step() if checkpointer else None
-      raise NonFiniteLossError(
-          f"non-finite loss or gradient at step {bad}; stopped. "
-          + (f"The last good checkpoint (step {last}) in {checkpointer.directory} is intact."
-             if last is not None else "No checkpoint was written."))
+  def _evaluate(self, state: TrainState, split: str = "eval") -> dict[str, float]:
+    config = self.config
+    batches = data_lib.eval_batches(config.dataset, batch_size=self.program.local_eval_batch,
+                                    split=split, data_dir=config.data_dir or None,
+                                    **config.options)
+    return evaluate(self.compiled.eval_step, state, batches, self.program.mesh)
 
-  saved_step = latest
+  # ----------------------------------------------------------- Checkpoint --
 
-  def save():
-    """Save ``step`` unless it is already saved (a periodic save at a preemption step)."""
-    nonlocal saved_step
-    check_finite()
-    if saved_step == step:
+  def _check_finite(self) -> None:
+    bad = int(jax.device_get(self.state.first_nonfinite_step))
+    if bad < 0 or self.config.nan_policy != "stop":
       return
-    checkpointer.save(step, state, {**meta, "config": dataclasses.asdict(config)},
-                      best=best_state if config.restore_best else None)
-    saved_step = step
+    last = None
+    if self.checkpointer:
+      self.checkpointer.wait()
+      last = self.checkpointer.latest_step()
+    raise NonFiniteLossError(
+        f"non-finite loss or gradient at step {bad}; stopped. "
+        + (f"The last good checkpoint (step {last}) in {self.checkpointer.directory} is intact."
+           if last is not None else "No checkpoint was written."))
 
-  try:
-    start_time = time.perf_counter()
-    while step < total_steps:
-      state, metrics = train_step(state, next(batches))
-      interval.add(metrics)
-      step += 1
-      meta["batches_consumed"] = int(meta["batches_consumed"]) + 1
+  def _save(self) -> None:
+    """Save the current step unless it is already saved (a periodic save at a preemption)."""
+    self._check_finite()
+    if self.saved_step == self.step:
+      return
+    meta = {**dataclasses.asdict(self.loop), "config": dataclasses.asdict(self.config)}
+    self.checkpointer.save(self.step, self.state, meta,
+                           best=self.best_state if self.config.restore_best else None)
+    self.saved_step = self.step
 
-      if step % config.log_every == 0 or step == total_steps:
-        check_finite()
-        values = interval.result()   # means over the steps since the last log
-        values["lr_scale"] = jax.device_get(state.lr_scale)
-        train_metrics = writer.write(step, values, "train")
-      if config.spectrum_every and step % config.spectrum_every == 0:
-        for hook in hooks:
-          values = hook(step, state.params)
-          if values:   # a hook may measure on its own schedule and return {} between
-            writer.write(step, values, "spectrum", console=False)
+  # ----------------------------------------------------------------- Eval --
 
-      if config.eval_every and step % config.eval_every == 0 and step < total_steps:
-        eval_metrics = writer.write(step, evaluate(eval_step, state, eval_batches(), mesh), "eval")
-        stop = _track_best(config, meta, eval_metrics[watch], mode, step)
-        if config.restore_best and meta["best_step"] == step:
-          best_state = jax.tree.map(lambda x: x.copy(), state)   # `state` is donated next step
-        if config.schedule == "plateau" and meta["plateau_evals"] >= config.plateau_patience:
-          meta["plateau_evals"] = 0
-          state = state._replace(lr_scale=state.lr_scale * config.plateau_factor)
-          print_fn(f"Plateau: learning rate x{float(state.lr_scale):.3g}", flush=True)
-        if stop:
-          stopped_early = True
-          print_fn(f"Early stopping at step {step}: no improvement in {watch} for "
-                   f"{config.early_stopping_patience} evals (best at step {meta['best_step']})",
-                   flush=True)
+  def _eval_and_track(self, writer: metrics_lib.MetricsWriter) -> bool:
+    """A periodic evaluation; updates best / plateau / early stopping. True: stop now."""
+    config, step = self.config, self.step
+    metrics = writer.write(step, self._evaluate(self.state), "eval")
+    self.loop.track(metrics[self.watch], self.higher_is_better, step)
+    if config.restore_best and self.loop.best_step == step:
+      self.best_state = jax.tree.map(lambda x: x.copy(), self.state)   # the state is donated next
+    if config.schedule == "plateau" and self.loop.plateau_evals >= config.plateau_patience:
+      self.loop.plateau_evals = 0
+      lr_scale = jax.device_put(self.state.lr_scale * config.plateau_factor,
+                                self.program.state_sharding.lr_scale)
+      self.state = self.state._replace(lr_scale=lr_scale)
+      self.print(f"Plateau: learning rate x{float(lr_scale):.3g}", flush=True)
+    stop = bool(config.early_stopping_patience
+                and self.loop.evals_since_best >= config.early_stopping_patience)
+    if stop:
+      self.print(f"Early stopping at step {step}: no improvement in {self.watch} for "
+                 f"{config.early_stopping_patience} evals (best at step {self.loop.best_step})",
+                 flush=True)
+    return stop
+
+  # ----------------------------------------------------------------- Loop --
+
+  def run(self) -> TrainResult:
+    config, total = self.config, self.program.total_steps
+    writer = metrics_lib.MetricsWriter(config.workdir or None, total, print_fn=self.print)
+    interval = metrics_lib.IntervalMean()
+    train_metrics: dict[str, float] = {}
+    preempted = stopped_early = False
+    if self.checkpointer:
+      self.checkpointer.install_sigterm_handler()
+    try:
+      batches = self._train_batches()
+      start_time = time.perf_counter()
+      while self.step < total:
+        self.state, metrics = self.compiled.train_step(self.state, next(batches))
+        interval.add(metrics)
+        self.step += 1
+        self.loop.batches_consumed += 1
+        if self.step % config.log_every == 0 or self.step == total:
+          self._check_finite()
+          values = interval.result()   # means over the steps since the last log
+          values["lr_scale"] = jax.device_get(self.state.lr_scale)
+          train_metrics = writer.write(self.step, values, "train")
+        if config.spectrum_every and self.step % config.spectrum_every == 0:
+          self._run_hooks(writer)
+        if config.eval_every and self.step % config.eval_every == 0 and self.step < total:
+          if self._eval_and_track(writer):
+            stopped_early = True
+            break
+        if self.checkpointer and self.checkpointer.should_save(self.step):
+          self._save()
+        if self.checkpointer and self.checkpointer.preempted(self.step):
+          self._save()
+          self.checkpointer.wait()
+          preempted = True
+          self.print(f"Preempted: saved step {self.step}; rerun the same command to resume.",
+                     flush=True)
           break
+      self._check_finite()
+      elapsed = time.perf_counter() - start_time
+      eval_metrics, split_metrics = {}, {}
+      if not preempted:
+        eval_metrics, split_metrics = self._final(writer, elapsed)
+    finally:
+      writer.close()
+      if self.checkpointer:
+        self.checkpointer.close()
+    best = None
+    if self.loop.best is not None:
+      best = {self.watch: self.loop.best, "step": self.loop.best_step,
+              "stopped_early": stopped_early}
+    return TrainResult(final_step=self.step, train_metrics=train_metrics,
+                       eval_metrics=eval_metrics, best_eval=best, preempted=preempted,
+                       state=self.state,
+                       best_state=self.best_state if config.restore_best else None,
+                       split_metrics=split_metrics)
 
-      if checkpointer and checkpointer.should_save(step):
-        save()
-      if checkpointer and checkpointer.preempted(step):
-        save()
-        checkpointer.wait()
-        preempted = True
-        print_fn(f"Preempted: saved step {step}; rerun the same command to resume.", flush=True)
-        break
-    check_finite()
-    elapsed = time.perf_counter() - start_time
+  def _run_hooks(self, writer: metrics_lib.MetricsWriter) -> None:
+    for hook in self.hooks:
+      values = hook(self.step, self.state.params)
+      if values:   # a hook may measure on its own schedule and return {} between
+        writer.write(self.step, values, "spectrum", console=False)
 
-    # ------------------------------------------------------------ Final --
-    if not preempted:
-      if checkpointer:
-        save()
-      final = best_state if config.restore_best and best_state is not None else state
-      if final is best_state:
-        print_fn(f"Restored the best state (step {meta['best_step']}) for the final "
+  # ---------------------------------------------------------------- Final --
+
+  def _final(self, writer: metrics_lib.MetricsWriter, elapsed: float
+             ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Save, then evaluate the final (or best) state on the eval and final splits."""
+    config = self.config
+    if self.checkpointer:
+      self._save()
+    final = self.state
+    if config.restore_best and self.best_state is not None:
+      final = self.best_state
+      self.print(f"Restored the best state (step {self.loop.best_step}) for the final "
                  f"evaluation", flush=True)
-      eval_metrics = writer.write(step, evaluate(eval_step, final, eval_batches(), mesh), "eval")
-      for split in config.final_eval_splits:
-        split_metrics[split] = writer.write(
-            step, evaluate(eval_step, final, eval_batches(split), mesh), split)
-      print_fn(f"Done: {step} steps in {elapsed:.1f} s", flush=True)
-  finally:
-    writer.close()
-    if checkpointer:
-      checkpointer.close()
-
-  best = None
-  if meta.get("best") is not None:
-    best = {watch: meta["best"], "step": meta["best_step"], "stopped_early": stopped_early}
-  return TrainResult(final_step=step, train_metrics=train_metrics, eval_metrics=eval_metrics,
-                     best_eval=best, preempted=preempted, state=state,
-                     best_state=best_state if config.restore_best else None,
-                     split_metrics=split_metrics)
-
-
-def _track_best(config: Config, meta: dict[str, Any], value: float, mode: str,
-                step: int) -> bool:
-  """Update the best value and patience counters; returns whether to stop now."""
-  best = meta.get("best")
-  improved = best is None or (value > best if mode == "max" else value < best)
-  if improved:
-    meta.update(best=float(value), best_step=step, evals_since_best=0, plateau_evals=0)
-  else:
-    meta["evals_since_best"] = int(meta["evals_since_best"]) + 1
-    meta["plateau_evals"] = int(meta["plateau_evals"]) + 1
-  return bool(config.early_stopping_patience
-              and meta["evals_since_best"] >= config.early_stopping_patience)
+    eval_metrics = writer.write(self.step, self._evaluate(final), "eval")
+    split_metrics = {split: writer.write(self.step, self._evaluate(final, split), split)
+                     for split in config.final_eval_splits}
+    self.print(f"Done: {self.step} steps in {elapsed:.1f} s", flush=True)
+    return eval_metrics, split_metrics

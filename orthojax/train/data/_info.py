@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 TASKS = ("classification", "regression")
 
 
@@ -51,6 +53,21 @@ class DatasetInfo:
   def __post_init__(self):
     if self.task not in TASKS:
       raise ValueError(f"DatasetInfo.task must be one of {TASKS}, got {self.task!r}")
+
+  def batch_spec(self, batch_size: int, *, eval: bool = False) -> dict[str, tuple[tuple[int, ...], np.dtype]]:  # pylint: disable=redefined-builtin
+    """``{key: (shape, dtype)}`` of one batch as the pipelines yield it.
+
+    ``x`` float32 ``(batch, *input_shape)``; ``y`` int32 labels or float32
+    targets ``(batch,)``; evaluation batches add the float32 ``mask``. The
+    trainer compiles its steps for exactly this (a test holds every pipeline
+    to it).
+    """
+    spec = {"x": ((batch_size,) + tuple(self.input_shape), np.dtype(np.float32)),
+            "y": ((batch_size,), np.dtype(np.int32 if self.task == "classification"
+                                          else np.float32))}
+    if eval:
+      spec["mask"] = ((batch_size,), np.dtype(np.float32))
+    return spec
 
 
 class DatasetNotFoundError(FileNotFoundError):

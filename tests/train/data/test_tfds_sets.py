@@ -70,6 +70,25 @@ def test_shapes_dtypes_labels(name, opts):
       "svhn_cropped": (32, 32, 3), "imagenet2012": (224, 224, 3),
       "imagenet_resized/32x32": (32, 32, 3)}[name]
   assert info.input_shape == expected
+  # What the pod compile check builds from (no files): same model-facing fields, and
+  # the batch spec the steps are compiled for is what the pipelines yield.
+  published = data.dataset_info(name, published=True, **opts)
+  for field in ("task", "input_shape", "num_classes", "eval_split"):
+    assert getattr(published, field) == getattr(info, field), field
+  for b, size, is_eval in ((batch, 4, False), (ev, 3, True)):
+    spec = published.batch_spec(size, eval=is_eval)
+    assert {k: (v.shape, v.dtype) for k, v in b.items()} == spec
+
+
+def test_published_sizes_are_the_tfds_catalogue_numbers():
+  assert data.dataset_info("imagenet2012", published=True).num_train == 1_281_167
+  assert data.dataset_info("imagenet_resized/32x32", published=True).num_eval == 50_000
+  assert data.dataset_info("cifar10", published=True).num_eval == 10_000
+  assert data.dataset_info("svhn_cropped", published=True).num_train == 73_257
+  mnist_info = data.dataset_info("mnist", published=True)
+  assert (mnist_info.num_train, mnist_info.num_eval) == (48_000, 12_000)   # SPEC E6 splits
+  with pytest.raises(ValueError, match="unknown option"):
+    data.dataset_info("cifar10", published=True, bogus=1)
 
 
 @pytest.mark.parametrize("name,opts", CASES, ids=IDS)

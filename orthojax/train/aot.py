@@ -1,0 +1,252 @@
+"""The pod compile check: compile a run for a TPU topology on a machine without it.
+
+:func:`compile_for` builds the run's program with the trainer's own code
+(:func:`orthojax.train.program.build_program`) over abstract TPU devices
+(:mod:`orthojax.train.topology`), compiles its train and eval steps with
+``libtpu`` (:func:`~orthojax.train.program.compile_program`) and reads the
+executables:
+
+* per-chip HBM from ``Compiled.memory_analysis()`` — arguments (params,
+  optimizer state, batch), outputs, the bytes outputs alias from donated
+  arguments, temporaries, generated code; the total is
+  ``arguments + outputs − aliased + temporaries + code``;
+* FLOPs and bytes accessed per chip from ``Compiled.cost_analysis()``, with
+  loop bodies (scanned stacks, micro-batches) counted for every iteration
+  (:mod:`orthojax.train.hlo`);
+* collectives by kind, with counts and bytes per step, from the optimized HLO;
+* a roofline bound: step time ≥ max(FLOPs / peak FLOP/s, bytes / HBM
+  bandwidth), hence examples/s per chip ≤ per-chip batch / that time. It is
+  an upper bound on throughput, not a measurement: it ignores collectives'
+  latency, the input pipeline and imperfect overlap.
+
+A job that does not fit raises :class:`DoesNotFitError` with one line saying
+what it needs, what the chip has, and what to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Any
+
+import jax
+
+from etils import epath
+
+from orthojax.train import data as data_lib
+from orthojax.train import hlo
+from orthojax.train import topology as topology_lib
+from orthojax.train.config import Config
+from orthojax.train.program import ModelFn
+from orthojax.train.program import OptimizerArg
+from orthojax.train.program import build_program
+from orthojax.train.program import compile_program
+
+REPORT = "compile_report.json"
+GiB = topology_lib.GiB
+
+
+class DoesNotFitError(RuntimeError):
+  """The compiled step needs more HBM per chip than the chip has (a one-line message)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepReport:
+  """One compiled step, per chip.
+
+  Attributes:
+    flops: FLOPs per step per chip, loop bodies counted per iteration.
+    xla_flops: ``cost_analysis()["flops"]`` as XLA counts it (loop bodies once).
+    bytes_accessed: HBM bytes read and written per step per chip (XLA's count).
+    memory: bytes per chip: ``arguments``, ``outputs``, ``aliased``,
+      ``temporaries``, ``code`` and their ``total``.
+    collectives: ``{kind: {"count", "bytes"}}`` per step.
+    unknown_loops: loops whose trip count could not be read (counted once).
+  """
+
+  flops: float
+  xla_flops: float
+  bytes_accessed: float
+  memory: dict[str, int]
+  collectives: dict[str, dict[str, float]]
+  unknown_loops: int
+
+  @classmethod
+  def of(cls, compiled: Any) -> "StepReport":
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    module = hlo.Module.from_text(compiled.as_text())
+    stats = compiled.memory_analysis()
+    memory = {"arguments": stats.argument_size_in_bytes, "outputs": stats.output_size_in_bytes,
+              "aliased": stats.alias_size_in_bytes, "temporaries": stats.temp_size_in_bytes,
+              "code": stats.generated_code_size_in_bytes}
+    memory["total"] = (memory["arguments"] + memory["outputs"] - memory["aliased"]
+                       + memory["temporaries"] + memory["code"])
+    xla_flops = float(cost.get("flops", 0.0))
+    return cls(flops=hlo.loop_corrected_flops(xla_flops, module), xla_flops=xla_flops,
+               bytes_accessed=float(cost.get("bytes accessed", 0.0)), memory=memory,
+               collectives=module.collectives(), unknown_loops=module.unknown_loops)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileReport:
+  """What :func:`compile_for` found; ``to_json()`` is ``compile_report.json``."""
+
+  topology: str
+  num_slices: int
+  chip: topology_lib.ChipSpec
+  num_chips: int
+  mesh: dict[str, int]
+  global_batch: int
+  grad_accum_steps: int
+  compute_dtype: str
+  compile_seconds: float
+  train: StepReport
+  eval: StepReport
+
+  @property
+  def per_chip_batch(self) -> float:
+    return self.global_batch / self.num_chips
+
+  @property
+  def flops_per_example(self) -> float:
+    """Training FLOPs per example, all chips together."""
+    return self.train.flops * self.num_chips / self.global_batch
+
+  @property
+  def step_seconds_bound(self) -> float:
+    """Roofline lower bound on the train step's time."""
+    return max(self.train.flops / self.chip.peak_bf16_flops,
+               self.train.bytes_accessed / self.chip.hbm_bandwidth)
+
+  @property
+  def bound_by(self) -> str:
+    compute = self.train.flops / self.chip.peak_bf16_flops
+    return "compute" if compute >= self.train.bytes_accessed / self.chip.hbm_bandwidth else "memory"
+
+  @property
+  def examples_per_sec_per_chip_bound(self) -> float:
+    return self.per_chip_batch / self.step_seconds_bound
+
+  @property
+  def fits(self) -> bool:
+    return max(self.train.memory["total"], self.eval.memory["total"]) <= self.chip.hbm_bytes
+
+  def to_json(self) -> dict[str, Any]:
+    out = dataclasses.asdict(self)
+    out.update(per_chip_batch=self.per_chip_batch, flops_per_example=self.flops_per_example,
+               step_seconds_bound=self.step_seconds_bound, bound_by=self.bound_by,
+               examples_per_sec_per_chip_bound=self.examples_per_sec_per_chip_bound,
+               fits=self.fits, hbm_capacity=self.chip.hbm_bytes)
+    return out
+
+  def table(self) -> str:
+    """The report as an aligned two-column table."""
+    t, chip = self.train, self.chip
+    mem = lambda m: (f"{m['total'] / GiB:.2f} GiB (args {m['arguments'] / GiB:.2f}, temps "
+                     f"{m['temporaries'] / GiB:.2f}, outs {m['outputs'] / GiB:.2f}, aliased "
+                     f"{m['aliased'] / GiB:.2f}, code {m['code'] / GiB:.3f})")
+    coll = ", ".join(f"{k} {int(v['count'])}× {v['bytes'] / 2**20:.1f} MiB"
+                     for k, v in sorted(t.collectives.items())) or "none"
+    rows = [
+        ("topology", f"{self.topology}" + (f" × {self.num_slices} slices" if self.num_slices > 1
+                                           else "") + f" ({self.num_chips} {chip.name} chips)"),
+        ("mesh", " × ".join(f"{k} {v}" for k, v in self.mesh.items())),
+        ("batch", f"global {self.global_batch}, per chip {self.per_chip_batch:g}"
+                  + (f", {self.grad_accum_steps} micro-batches" if self.grad_accum_steps > 1
+                     else "") + f", compute {self.compute_dtype}"),
+        ("HBM per chip (train)", mem(t.memory)),
+        ("HBM per chip (eval)", mem(self.eval.memory)),
+        ("HBM capacity", f"{chip.hbm_bytes / GiB:.0f} GiB: "
+                         + ("fits" if self.fits else "DOES NOT FIT")),
+        ("FLOPs per step per chip", f"{t.flops:.4g}"
+                                    + (f" (XLA counts {t.xla_flops:.4g}: loop bodies once)"
+                                       if abs(t.flops - t.xla_flops) > 1e-6 * t.flops else "")),
+        ("FLOPs per example", f"{self.flops_per_example / 1e9:.4g} GFLOP"),
+        ("bytes accessed per step per chip", f"{t.bytes_accessed / GiB:.3g} GiB"),
+        ("collectives per step", coll),
+        ("roofline", f"step ≥ {1e3 * self.step_seconds_bound:.3g} ms ({self.bound_by}-bound: "
+                     f"{chip.peak_bf16_flops / 1e12:g} TFLOP/s, {chip.hbm_bandwidth / 1e9:g} GB/s)"
+                     f" → ≤ {self.examples_per_sec_per_chip_bound:.4g} examples/s per chip"),
+        ("compile time", f"{self.compile_seconds:.1f} s (train + eval)"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+  def check_fits(self, config: Config) -> None:
+    """Raise :class:`DoesNotFitError` (one line) when the job exceeds the chip's HBM."""
+    if self.fits:
+      return
+    need = max(self.train.memory["total"], self.eval.memory["total"])
+    raise _does_not_fit(config, self.topology, self.chip, f"{need / GiB:.3g} GiB per chip",
+                        state_gib=self.train.memory["arguments"] / GiB,
+                        temporaries_gib=self.train.memory["temporaries"] / GiB,
+                        fsdp=self.mesh.get("fsdp", 1), num_chips=self.num_chips)
+
+
+def _does_not_fit(config: Config, topology: str, chip: topology_lib.ChipSpec, need: str, *,
+                  state_gib: float | None, temporaries_gib: float | None, fsdp: int,
+                  num_chips: int) -> DoesNotFitError:
+  """The one-line error: what the step needs, what the chip has, what to change."""
+  hints = []
+  if fsdp < num_chips:
+    hints.append(f"shard params and optimizer state with --mesh_fsdp (now {fsdp}"
+                 + (f"; arguments take {state_gib:.3g} GiB per chip" if state_gib else "") + ")")
+  hints.append(f"a smaller per-chip batch than {config.batch_size / num_chips:g} (--batch_size)")
+  hints.append(f"micro-batches (--grad_accum_steps, now {config.grad_accum_steps}"
+               + (f"; temporaries take {temporaries_gib:.3g} GiB" if temporaries_gib else "")
+               + ")")
+  return DoesNotFitError(f"--compile_for={topology}: the step needs {need} but a {chip.name} "
+                         f"chip has {chip.hbm_bytes / GiB:.3g} GiB; try " + "; or ".join(hints))
+
+
+def compile_for(config: Config, topology: str, *, num_slices: int | None = None,
+                model_fn: ModelFn | None = None,
+                optimizer: OptimizerArg | None = None) -> CompileReport:
+  """Compile the run of ``config`` for ``topology`` and report on it.
+
+  Args:
+    config: the run's config; its mesh axes are taken over the topology's
+      chips (``--num_slices`` from ``num_slices`` when given, else the config).
+    topology: e.g. ``"v5e:4x4"`` (:class:`orthojax.train.topology.Topology`).
+    model_fn, optimizer: as for :func:`~orthojax.train.program.build_program`.
+
+  Raises:
+    TopologyError: an unknown topology or no libtpu.
+    ConfigError: a mesh or batch that does not fit the topology's chips.
+  """
+  slices = config.num_slices if num_slices is None else num_slices
+  target = topology_lib.Topology.parse(topology, slices)
+  config = config.replace(num_slices=slices)
+  info = data_lib.dataset_info(config.dataset, data_dir=config.data_dir or None,
+                               published=True, **config.options)
+  devices = target.devices()
+  program = build_program(config, info, devices=devices,
+                          num_processes=len({d.process_index for d in devices}),
+                          model_fn=model_fn, optimizer=optimizer)
+  try:
+    compiled = compile_program(program)
+  except jax.errors.JaxRuntimeError as e:   # the TPU compiler's own out-of-memory verdict
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    sizes = re.findall(r"\(([\d.]+[KMGT]?)\)", str(e).splitlines()[0])
+    need = f"{sizes[0]} of temporaries per chip" if sizes else "more HBM than the chip has"
+    raise _does_not_fit(config, topology, target.chip, need, state_gib=None,
+                        temporaries_gib=None, fsdp=program.mesh.shape["fsdp"],
+                        num_chips=target.num_chips) from None
+  return CompileReport(
+      topology=topology, num_slices=slices, chip=target.chip, num_chips=target.num_chips,
+      mesh=dict(program.mesh.shape), global_batch=config.batch_size,
+      grad_accum_steps=config.grad_accum_steps, compute_dtype=config.compute_dtype,
+      compile_seconds=compiled.seconds, train=StepReport.of(compiled.train_step),
+      eval=StepReport.of(compiled.eval_step))
+
+
+def write_reports(workdir: str, reports: dict[str, CompileReport]) -> str:
+  """Write ``{name: report}`` to ``<workdir>/compile_report.json``; returns the path."""
+  path = epath.Path(workdir) / REPORT
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps({name: r.to_json() for name, r in reports.items()}, indent=1))
+  return os.fspath(path)

@@ -1,0 +1,234 @@
+"""Build and compile a run's program: the first two of build → compile → loop.
+
+:func:`build_program` turns a config, a dataset description and a set of
+devices into everything the training loop needs that is not data or
+arrays: the mesh, the model's graph, the optimizer chain, the shardings of
+the train state and of the batches, the jitted ``init`` and the jitted train
+and eval steps. :func:`compile_program` lowers and compiles those steps
+ahead of time for the abstract state and batches (``jax.jit(...).lower(
+ShapeDtypeStructs).compile()``).
+
+The run (:func:`orthojax.train.trainer.train`) calls both on its real devices
+and then loops over the *compiled* executables; the pod compile check
+(:mod:`orthojax.train.aot`) calls the same two on abstract TPU devices from
+``jax.experimental.topologies`` and reports on the executables instead of
+running them — one construction of the step for both, so what is checked is
+what would run (MaxText's ``train_compile`` does the same for its LLM steps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+
+import orthojax as oj
+from orthojax.train import losses as losses_lib
+from orthojax.train import mesh as mesh_lib
+from orthojax.train import model_zoo
+from orthojax.train import optimizers
+from orthojax.train.config import Config
+from orthojax.train.data import DatasetInfo
+from orthojax.train.step import TrainState
+from orthojax.train.step import make_eval_step
+from orthojax.train.step import make_train_step
+
+ModelFn = Callable[[nnx.Rngs], nnx.Module]
+# An optax chain, or a function of the model's abstract params (a pure dict of
+# ShapeDtypeStructs) that returns one — e.g. to label conv kernels for a
+# manifold optimizer by their shapes.
+OptimizerArg = optax.GradientTransformation | Callable[[Any], optax.GradientTransformation]
+
+
+def _pure(state: nnx.State) -> Any:
+  return nnx.to_pure_dict(state)
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """A run's model, optimizer, shardings and jitted steps, for one mesh.
+
+  Attributes:
+    config: the run's config (validated for this mesh).
+    info: the dataset as the model sees it.
+    mesh: the device mesh (real or abstract devices).
+    num_processes: host processes that feed the mesh (per-process batches
+      are the global ones divided by this).
+    total_steps: optimizer updates the run makes.
+    steps_per_epoch: updates per pass over the training split.
+    tx: the optimizer chain.
+    state_sharding: a :class:`TrainState` of ``NamedSharding`` s.
+    init: jitted ``() -> TrainState`` placing every leaf on its sharding.
+    train_step: jitted ``(state, batch) -> (state, metrics)``; the state is donated.
+    eval_step: jitted ``(state, batch) -> masked sums``.
+    step_fn: the train step before ``jax.jit`` (its jaxpr is the program's).
+  """
+
+  config: Config
+  info: DatasetInfo
+  mesh: Mesh
+  num_processes: int
+  total_steps: int
+  steps_per_epoch: int
+  tx: optax.GradientTransformation
+  state_sharding: TrainState
+  init: Callable[[], TrainState]
+  train_step: Any
+  eval_step: Any
+  step_fn: Callable[..., Any]
+
+  @property
+  def classification(self) -> bool:
+    return self.info.task == "classification"
+
+  @property
+  def batch_sharding(self) -> NamedSharding:
+    return mesh_lib.batch_sharding(self.mesh)
+
+  @property
+  def eval_batch_size(self) -> int:
+    """The global evaluation batch."""
+    return self.config.eval_batch_size or self.config.batch_size
+
+  @property
+  def local_batch(self) -> int:
+    """The per-process training batch the input pipeline yields."""
+    return self.config.batch_size // self.num_processes
+
+  @property
+  def local_eval_batch(self) -> int:
+    return self.eval_batch_size // self.num_processes
+
+  def abstract_state(self) -> TrainState:
+    """The train state as ``ShapeDtypeStruct`` s carrying their shardings."""
+    shapes = jax.eval_shape(self.init)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        shapes, self.state_sharding)
+
+  def abstract_batch(self, *, eval: bool = False) -> dict[str, jax.ShapeDtypeStruct]:  # pylint: disable=redefined-builtin
+    """One global batch as ``ShapeDtypeStruct`` s split over the batch axes."""
+    size = self.eval_batch_size if eval else self.config.batch_size
+    return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=self.batch_sharding)
+            for k, (shape, dtype) in self.info.batch_spec(size, eval=eval).items()}
+
+
+def build_program(config: Config, info: DatasetInfo, *,
+                  devices: Sequence[jax.Device] | None = None, num_processes: int | None = None,
+                  model_fn: ModelFn | None = None,
+                  optimizer: OptimizerArg | None = None) -> Program:
+  """Build the program of ``config`` over ``devices``.
+
+  Args:
+    config: the run's config; validated here against the devices and processes.
+    info: the dataset (:func:`orthojax.train.data.dataset_info`).
+    devices: real devices (default: all) or abstract ones
+      (``jax.experimental.topologies``); TPU devices carry their slice.
+    num_processes: processes feeding the mesh (default: those the devices
+      belong to).
+    model_fn: ``rngs -> nnx.Module``; default: the model zoo's model of ``config``.
+    optimizer: an optax chain or a function of the abstract params returning
+      one; default: the chain ``config`` describes
+      (:func:`orthojax.train.optimizers.build`).
+
+  Raises:
+    ConfigError: a config that does not fit the devices (one line naming the flag).
+  """
+  # ----------------------------------------------------------------- Mesh --
+  devices = list(jax.devices() if devices is None else devices)
+  if num_processes is None:
+    num_processes = len({d.process_index for d in devices})
+  config.validate(num_devices=len(devices), num_processes=num_processes)
+  mesh = mesh_lib.make_mesh(config.mesh_data, config.mesh_fsdp, config.mesh_model, devices,
+                            num_slices=config.num_slices)
+  mesh_lib.check_global_batch(config.batch_size, mesh, num_processes=num_processes)
+  eval_batch = config.eval_batch_size or config.batch_size
+  mesh_lib.check_global_batch(eval_batch, mesh, "--eval_batch_size", num_processes=num_processes)
+  steps_per_epoch = max(info.num_train // config.batch_size, 1)
+  total_steps = config.num_steps or int(math.ceil(config.num_epochs * steps_per_epoch))
+
+  # ---------------------------------------------------------------- Model --
+  if model_fn is None:
+    model_fn = lambda rngs: model_zoo.build(config, info, rngs)
+  build_model = lambda: model_fn(nnx.Rngs(config.seed))
+  abstract = nnx.eval_shape(build_model)
+  abstract.train()
+  graphdef_train, abs_params, abs_rest = nnx.split(abstract, nnx.Param, ...)
+  abstract.eval()
+  graphdef_eval = nnx.split(abstract, nnx.Param, ...)[0]
+  pure_params = _pure(abs_params)
+
+  # ------------------------------------------------------------ Optimizer --
+  if optimizer is None:
+    labels = _pure(oj.nn.manifold_labels(abs_params)) if config.weights != "euclidean" else None
+    tx = optimizers.build(config, total_steps=total_steps, labels=labels,
+                          views=_pure(oj.nn.matrix_views(abs_params)),
+                          penalty_mask=model_zoo.penalty_mask(config, abstract, pure_params))
+  elif isinstance(optimizer, optax.GradientTransformation):
+    tx = optimizer
+  else:
+    tx = optimizer(pure_params)
+
+  # ------------------------------------------------------------- Sharding --
+  params_sh = mesh_lib.param_shardings(abs_params, mesh)
+  rep = mesh_lib.replicated(mesh)
+  state_sh = TrainState(step=rep, params=params_sh,
+                        model_state=mesh_lib.param_shardings(abs_rest, mesh),
+                        opt_state=mesh_lib.opt_state_shardings(tx, pure_params, params_sh, mesh),
+                        rng=rep, lr_scale=rep, first_nonfinite_step=rep, skipped_steps=rep)
+
+  def init() -> TrainState:
+    _, params, rest = nnx.split(build_model(), nnx.Param, ...)
+    return TrainState.create(_pure(params), _pure(rest), tx, jax.random.key(config.seed + 1))
+
+  # ---------------------------------------------------------------- Steps --
+  loss_fn = losses_lib.get_loss(config.loss, config.label_smoothing)
+  classification = info.task == "classification"
+  dtype = model_zoo.compute_dtype(config)
+  step_fn = make_train_step(graphdef_train, tx, loss_fn, classification=classification,
+                            compute_dtype=dtype, grad_accum_steps=config.grad_accum_steps,
+                            nan_policy=config.nan_policy,
+                            scale_updates=config.schedule == "plateau")
+  batch_sh = mesh_lib.batch_sharding(mesh)
+  train_step = jax.jit(step_fn, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, rep),
+                       donate_argnums=0)
+  eval_step = jax.jit(make_eval_step(graphdef_eval, loss_fn, classification=classification,
+                                     compute_dtype=dtype),
+                      in_shardings=(state_sh, batch_sh), out_shardings=rep)
+  return Program(config=config, info=info, mesh=mesh, num_processes=num_processes,
+                 total_steps=total_steps, steps_per_epoch=steps_per_epoch, tx=tx,
+                 state_sharding=state_sh, init=jax.jit(init, out_shardings=state_sh),
+                 train_step=train_step, eval_step=eval_step, step_fn=step_fn)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledProgram:
+  """The ahead-of-time compiled steps of a :class:`Program`.
+
+  Attributes:
+    program: what was compiled.
+    train_step, eval_step: ``jax.stages.Compiled`` executables; they accept
+      exactly the abstract state and batches they were compiled for.
+    seconds: wall time of lowering and compiling both.
+  """
+
+  program: Program
+  train_step: Any
+  eval_step: Any
+  seconds: float
+
+
+def compile_program(program: Program) -> CompiledProgram:
+  """Lower and compile the train and eval steps for the program's abstract inputs."""
+  start = time.perf_counter()
+  state = program.abstract_state()
+  train = program.train_step.lower(state, program.abstract_batch()).compile()
+  evaluate = program.eval_step.lower(state, program.abstract_batch(eval=True)).compile()
+  return CompiledProgram(program=program, train_step=train, eval_step=evaluate,
+                         seconds=time.perf_counter() - start)

@@ -1,0 +1,139 @@
+"""TPU topologies without TPUs: abstract devices and the chips' published specs.
+
+``jax.experimental.topologies.get_topology_desc`` (backed by ``libtpu``, which
+installs on any Linux machine) describes a TPU slice's devices — their
+coordinates, hosts and slices — without the hardware, and compiling a
+``jax.jit`` for a mesh over them yields the real TPU executable. This module
+names topologies the way ``gcloud`` and the Cloud TPU docs do
+(``v5e:4x4``, ``v4:2x2x4``, ``v5p:2x2x2``, ``v6e:8x8``: generation, then the
+chip grid) and holds each generation's specs for roofline bounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ChipSpec:
+  """One TPU chip, as its generation's Cloud TPU system-architecture page states it.
+
+  Attributes:
+    name: the generation (``v5e``).
+    peak_bf16_flops: peak dense bfloat16 FLOP/s per chip.
+    hbm_bytes: high-bandwidth memory per chip.
+    hbm_bandwidth: HBM bytes/s per chip.
+    megacore: two TensorCores presented as one device (v4, v5p).
+    source: where the numbers are published.
+  """
+
+  name: str
+  peak_bf16_flops: float
+  hbm_bytes: int
+  hbm_bandwidth: float
+  megacore: bool
+  source: str
+
+
+GiB = 2 ** 30
+_DOCS = "https://cloud.google.com/tpu/docs/"
+
+# Google's tables give "16 GB"/"32 GB"/"95 GB" of HBM; the chips carry 16, 32
+# and 95 GiB (the compiler's per-chip limit is a little below that).
+CHIPS: dict[str, ChipSpec] = {
+    "v4": ChipSpec("v4", 275e12, 32 * GiB, 1200e9, True, _DOCS + "v4"),
+    "v5e": ChipSpec("v5e", 197e12, 16 * GiB, 819e9, False, _DOCS + "v5e"),
+    "v5p": ChipSpec("v5p", 459e12, 95 * GiB, 2765e9, True, _DOCS + "v5p"),
+    "v6e": ChipSpec("v6e", 918e12, 32 * GiB, 1640e9, False, _DOCS + "v6e"),
+}
+_NAME = re.compile(r"^(v\d+[a-z]*):(\d+(?:x\d+)+)$")
+
+
+class TopologyError(ValueError):
+  """A topology the compile check cannot build; the message is one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  """A TPU slice (or several identical ones) described by name.
+
+  Attributes:
+    name: e.g. ``v5e:4x4``.
+    chip: the generation's :class:`ChipSpec`.
+    grid: chips per dimension, e.g. ``(4, 4)``.
+    num_slices: identical slices joined over the data-centre network.
+  """
+
+  name: str
+  chip: ChipSpec
+  grid: tuple[int, ...]
+  num_slices: int = 1
+
+  @classmethod
+  def parse(cls, name: str, num_slices: int = 1) -> "Topology":
+    match = _NAME.match(name or "")
+    if not match or match.group(1) not in CHIPS:
+      raise TopologyError(
+          f"--compile_for={name}: unknown topology; give a generation ({', '.join(CHIPS)}) "
+          f"and a chip grid, e.g. v5e:4x4, v5e:8x8, v4:2x2x4, v5p:2x2x2, v6e:2x4")
+    if not isinstance(num_slices, int) or num_slices < 1:
+      raise TopologyError(f"--num_slices={num_slices}: must be an integer >= 1")
+    grid = tuple(int(d) for d in match.group(2).split("x"))
+    if 0 in grid:
+      raise TopologyError(f"--compile_for={name}: a chip grid has no zero dimension")
+    return cls(name=name, chip=CHIPS[match.group(1)], grid=grid, num_slices=num_slices)
+
+  @property
+  def chips_per_slice(self) -> int:
+    return math.prod(self.grid)
+
+  @property
+  def num_chips(self) -> int:
+    return self.chips_per_slice * self.num_slices
+
+  def devices(self) -> list[Any]:
+    """Abstract TPU devices of every slice (needs ``libtpu``; see :func:`libtpu_available`)."""
+    if not libtpu_available():
+      raise TopologyError("--compile_for: needs libtpu (pip install 'orthojax[tpu]', or the "
+                          "libtpu version jax's 'tpu' extra names)")
+    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+    kwargs = {"chip_config_name": "megacore"} if self.chip.megacore else {}
+    if self.num_slices > 1:
+      kwargs["num_slices"] = self.num_slices
+    _quiet_libtpu()
+    try:
+      description = topologies.get_topology_desc(
+          topology_name=f"{self.chip.name}:{'x'.join(map(str, self.grid))}", platform="tpu",
+          **kwargs)
+    except Exception as e:   # libtpu's own message for a grid the generation does not have
+      first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      raise TopologyError(f"--compile_for={self.name}: libtpu cannot build it ({first})") from e
+    devices = list(description.devices)
+    if len(devices) != self.num_chips:
+      raise TopologyError(f"--compile_for={self.name}: libtpu gave {len(devices)} devices for "
+                          f"{self.num_chips} chips")
+    return devices
+
+
+def libtpu_available() -> bool:
+  try:
+    import libtpu  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    return False
+  return True
+
+
+def _quiet_libtpu() -> None:
+  """Keep libtpu from probing for TPU hosts (and warning) on a machine without them, and
+  from locking ``/tmp/libtpu_lockfile``: compiling needs no chip, so several processes
+  (test workers, a launcher beside a run) may load it at once."""
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("TPU_WORKER_ID", "0")
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

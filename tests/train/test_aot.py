@@ -1,0 +1,201 @@
+"""The pod compile check: real TPU executables from libtpu for small jobs on v5e:2x2.
+
+Checks numbers, not just that it compiles: FLOPs per example against a closed
+form count of the matmuls, loop bodies counted per iteration (an HLO scan
+against the same closed form), per-chip state bytes falling as 1/fsdp with
+all-gathers in the HLO, a two-slice mesh, the too-big error's one line, bad
+topologies / meshes / slice counts, and that the compile check builds the
+very step the run executes (same jaxpr on CPU devices and on TPU devices).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from orthojax.train import aot
+from orthojax.train import data as data_lib
+from orthojax.train import hlo
+from orthojax.train import topology
+from orthojax.train.config import Config
+from orthojax.train.config import ConfigError
+from orthojax.train.program import build_program
+from tests.experiments import _cli
+
+pytestmark = pytest.mark.skipif(not topology.libtpu_available(),
+                                reason="libtpu is not installed (pip install -e '.[test]')")
+
+WIDTH, DEPTH, BATCH = 256, 6, 256
+
+
+def _deep_mlp(**changes) -> Config:
+  base = Config(model="deep_mlp", depth=DEPTH, width=WIDTH, dataset="digits",
+                dataset_options=(("flatten", True),), batch_size=BATCH, num_steps=10,
+                optimizer="sgd", lr=0.1, init="orthogonal", compute_dtype="bfloat16")
+  return base.replace(**changes)
+
+
+def _matmul_flops_per_example(features: int, width: int, hidden_layers: int, classes: int) -> int:
+  """Forward 2·fan_in·fan_out per layer; backward twice that, except the first layer's
+  input gradient, which nobody needs."""
+  layers = [(features, width)] + [(width, width)] * hidden_layers + [(width, classes)]
+  forward = sum(2 * a * b for a, b in layers)
+  return 3 * forward - 2 * features * width
+
+
+@pytest.fixture(scope="module")
+def data_report():
+  return aot.compile_for(_deep_mlp(), "v5e:2x2")
+
+
+@pytest.fixture(scope="module")
+def fsdp_report():
+  return aot.compile_for(_deep_mlp(mesh_data=1, mesh_fsdp=-1), "v5e:2x2")
+
+
+def test_topology_table_and_names():
+  t = topology.Topology.parse("v4:2x2x4")
+  assert (t.num_chips, t.chip.megacore, t.chip.peak_bf16_flops) == (16, True, 275e12)
+  assert len(t.devices()) == 16   # megacore: one device per chip, not per TensorCore
+  two = topology.Topology.parse("v5e:2x2", num_slices=2)
+  assert {d.slice_index for d in two.devices()} == {0, 1}
+  for bad in ("v5e", "v7x:2x2", "v5e:2x0", "tpu-v5e-16", ""):
+    with pytest.raises(topology.TopologyError, match="--compile_for"):
+      topology.Topology.parse(bad)
+
+
+def test_scan_flops_are_counted_per_iteration():
+  """A scanned stack of L matmuls: XLA counts the body once, the report L times."""
+  devices = topology.Topology.parse("v5e:2x2").devices()
+  mesh = jax.make_mesh((1, 4), ("data", "fsdp"), devices=devices,
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  layers, n, batch = 10, 256, 128
+
+  def loss(ws, x):
+    h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)
+    return jnp.sum(h ** 2)
+
+  w_sh, x_sh = NamedSharding(mesh, P(None, None, "fsdp")), NamedSharding(mesh, P("fsdp"))
+  compiled = jax.jit(jax.grad(loss), in_shardings=(w_sh, x_sh), out_shardings=w_sh).lower(
+      jax.ShapeDtypeStruct((layers, n, n), jnp.float32, sharding=w_sh),
+      jax.ShapeDtypeStruct((batch, n), jnp.float32, sharding=x_sh)).compile()
+  report = aot.StepReport.of(compiled)
+  analytic = 3 * 2 * batch * n * n * layers / 4   # per chip
+  assert report.xla_flops < 0.2 * analytic          # XLA alone: one iteration's worth
+  assert report.flops == pytest.approx(analytic, rel=0.01)
+  assert report.unknown_loops == 0
+  assert "all-gather" in report.collectives          # fsdp: weights gathered per layer
+  assert report.collectives["all-gather"]["count"] >= layers
+
+
+def test_flops_per_example_match_the_matmul_count(data_report):
+  info = data_lib.dataset_info("digits", flatten=True)
+  analytic = _matmul_flops_per_example(64, WIDTH, DEPTH, info.num_classes)
+  assert data_report.flops_per_example == pytest.approx(analytic, rel=0.05)
+  assert data_report.num_chips == 4 and data_report.per_chip_batch == BATCH / 4
+  assert data_report.fits and data_report.chip.name == "v5e"
+
+
+def test_report_fields_and_roofline(data_report, tmp_path):
+  r = data_report
+  m = r.train.memory
+  assert m["total"] == m["arguments"] + m["outputs"] - m["aliased"] + m["temporaries"] + m["code"]
+  assert m["aliased"] > 0            # the donated train state is updated in place
+  bound = max(r.train.flops / 197e12, r.train.bytes_accessed / 819e9)
+  assert r.step_seconds_bound == pytest.approx(bound)
+  assert r.examples_per_sec_per_chip_bound == pytest.approx(BATCH / 4 / bound)
+  assert "all-gather" not in r.train.collectives and "all-reduce" in r.train.collectives
+  path = aot.write_reports(str(tmp_path), {"run": r})
+  saved = json.loads(open(path).read())["run"]
+  for key in ("num_chips", "global_batch", "per_chip_batch", "flops_per_example",
+              "step_seconds_bound", "examples_per_sec_per_chip_bound", "hbm_capacity", "fits",
+              "compile_seconds"):
+    assert key in saved, key
+  assert set(saved["train"]["memory"]) == {"arguments", "outputs", "aliased", "temporaries",
+                                           "code", "total"}
+  assert "HBM per chip" in r.table() and "roofline" in r.table()
+
+
+def test_fsdp_shards_state_and_gathers(data_report, fsdp_report):
+  params_and_state = lambda r: r.train.memory["arguments"]
+  # Parameters (+ momentum-free SGD state) dominate the arguments: 4-way fsdp ≈ 1/4.
+  assert params_and_state(fsdp_report) < 0.4 * params_and_state(data_report)
+  assert "all-gather" in fsdp_report.train.collectives
+  assert fsdp_report.mesh == {"data": 1, "fsdp": 4, "model": 1}
+
+
+def test_two_slices_put_data_parallelism_across_them():
+  report = aot.compile_for(_deep_mlp(depth=2), "v5e:2x2", num_slices=2)
+  assert (report.num_chips, report.num_slices, report.mesh["data"]) == (8, 2, 8)
+  assert "all-reduce" in report.train.collectives
+  with pytest.raises(ValueError, match="--num_slices=2"):
+    aot.compile_for(_deep_mlp(depth=2, mesh_data=1, mesh_fsdp=-1), "v5e:2x2", num_slices=2)
+
+
+def test_too_big_is_one_line_naming_what_to_change(data_report):
+  """Too big either way: the TPU compiler refuses (2.7e9 float32 params with Adam), or
+  the memory analysis exceeds the chip (the small job on a chip of 1 MiB)."""
+  huge = _deep_mlp(width=8192, depth=40, batch_size=8, compute_dtype="float32", optimizer="adam")
+  with pytest.raises(aot.DoesNotFitError) as err:
+    aot.compile_for(huge, "v5e:2x2")
+  tiny_chip = dataclasses.replace(data_report.chip, hbm_bytes=2 ** 20)
+  report = dataclasses.replace(data_report, chip=tiny_chip)
+  assert not report.fits
+  with pytest.raises(aot.DoesNotFitError) as err2:
+    report.check_fits(_deep_mlp())
+  assert "arguments take" in str(err2.value) and "has 16 GiB" in str(err.value)
+  for message in (str(err.value), str(err2.value)):
+    assert "\n" not in message and "per chip" in message, message
+    assert "--mesh_fsdp" in message and "--grad_accum_steps" in message, message
+
+
+def test_compile_check_builds_the_step_the_run_uses():
+  """Same config on 4 CPU devices and on 4 abstract TPU chips: one jaxpr."""
+  config = _deep_mlp(depth=2, optimizer="radam", weights="stiefel")
+  info = data_lib.dataset_info("digits", flatten=True)
+  cpu = build_program(config, info, devices=jax.devices()[:4])
+  tpu = build_program(config, info, devices=topology.Topology.parse("v5e:2x2").devices())
+  unsharded = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+  jaxpr = lambda p: str(jax.make_jaxpr(p.step_fn)(unsharded(jax.eval_shape(p.init)),
+                                                 unsharded(p.abstract_batch())))
+  assert jaxpr(cpu) == jaxpr(tpu)
+
+
+def test_bad_config_for_the_topology():
+  with pytest.raises(ConfigError, match="--batch_size=6"):
+    aot.compile_for(_deep_mlp(batch_size=6), "v5e:2x2")
+  with pytest.raises(ValueError, match="mesh"):
+    aot.compile_for(_deep_mlp(mesh_data=3), "v5e:2x2")
+
+
+@pytest.mark.parametrize("args,expected", [
+    (("--compile_for=v9z:2x2",), "unknown topology"),
+    (("--compile_for=v5e:2x2", "--mesh_data=3"), "mesh"),
+    (("--compile_for=v5e:2x2", "--num_slices=2", "--batch_size=12"), "--batch_size=12"),
+])
+def test_cli_bad_input_is_one_line_exit_1_nothing_written(tmp_path, args, expected):
+  workdir = tmp_path / "w"
+  proc = _cli.run("train", "--model=mlp", "--dataset=digits", "--num_steps=2",
+                  "--batch_size=8", f"--workdir={workdir}", *args, check=False)
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("error:")]
+  assert len(lines) == 1 and expected in lines[0], proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+  assert not workdir.exists()
+
+
+def test_cli_writes_the_report(tmp_path):
+  workdir = tmp_path / "w"
+  proc = _cli.run("train", "--model=mlp", "--dataset=digits", "--num_steps=2",
+                  "--batch_size=8", f"--workdir={workdir}", "--compile_for=v5e:2x2")
+  assert "HBM per chip" in proc.stdout and "FLOPs per example" in proc.stdout
+  report = json.loads((workdir / aot.REPORT).read_text())["run"]
+  assert report["num_chips"] == 4 and report["fits"]
+  assert os.listdir(workdir) == [aot.REPORT]   # compiled, nothing trained
