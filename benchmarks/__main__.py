@@ -37,6 +37,7 @@ SUITES: list[tuple[str, str]] = [
     ("retraction", "benchmarks.retraction_bench"),
     ("resnet_optim", "benchmarks.resnet_optim_bench"),
     ("memory", "benchmarks.memory_bench"),
+    ("scale", "benchmarks.scale_bench"),
 ]
 
 

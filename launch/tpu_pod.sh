@@ -9,6 +9,13 @@
 #
 # Steps, each printed as "+ command" before it runs (--dry-run prints them and
 # runs nothing):
+#   0. the pod compile check, on this machine: `python -m experiments.<experiment>
+#      --flagfile=... --compile_for=<the slice's topology>` compiles the exact train
+#      and eval steps for the slice with libtpu (no TPU needed) and stops the launch,
+#      before anything is created or billed, if they do not compile or do not fit
+#      the chips' HBM (report in $TMPDIR/orthojax-NAME-compile/compile_report.json;
+#      launch/README.md says how to read it). --skip-compile-check skips it;
+#      --topology overrides the topology derived from --accelerator;
 #   1. create the slice (gcloud compute tpus tpu-vm create, or a queued
 #      resource with --queued), or reuse it with --reuse;
 #   2. put the code on every worker: --code=copy (default) ships `git archive`
@@ -66,6 +73,9 @@ options
   --experiment MODULE    runs python -m experiments.MODULE (default: train)
   --tfds_data_dir DIR    exported as TFDS_DATA_DIR on the workers (gs://...)
   --python VERSION       Python of the workers' venv (default: 3.11)
+  --topology TOPO        compile check target (default from --accelerator: v4-32 ->
+                         v4:2x2x4, v5litepod-64 -> v5e:8x8, v6e-16 -> v6e:4x4, ...)
+  --skip-compile-check   launch without compiling for the slice first
   --delete-after         wait for the run to finish, then delete the slice
   --dry-run              print every command, one per line prefixed '+ ', run nothing
   -h, --help             this text
@@ -108,8 +118,8 @@ run() {
 
 # ----------------------------------------------------------------- arguments
 NAME="" ZONE="" ACCELERATOR="" VERSION="" PROJECT="" CODE="copy" EXPERIMENT="train"
-FLAGFILE="" WORKDIR="" TFDS_DATA_DIR_ARG="" PYTHON_VERSION="3.11"
-SPOT=0 QUEUED=0 REUSE=0 DRY_RUN=0 DELETE_AFTER=0
+FLAGFILE="" WORKDIR="" TFDS_DATA_DIR_ARG="" PYTHON_VERSION="3.11" TOPOLOGY=""
+SPOT=0 QUEUED=0 REUSE=0 DRY_RUN=0 DELETE_AFTER=0 COMPILE_CHECK=1
 EXTRA_ARGS=()
 
 set_option() {  # set_option --flag value
@@ -125,10 +135,11 @@ set_option() {  # set_option --flag value
     --workdir) WORKDIR=$2 ;;
     --tfds_data_dir) TFDS_DATA_DIR_ARG=$2 ;;
     --python) PYTHON_VERSION=$2 ;;
+    --topology) TOPOLOGY=$2 ;;
   esac
 }
 
-VALUE_FLAGS='--name|--zone|--accelerator|--version|--project|--code|--experiment|--flagfile|--workdir|--tfds_data_dir|--python'
+VALUE_FLAGS='--name|--zone|--accelerator|--version|--project|--code|--experiment|--flagfile|--workdir|--tfds_data_dir|--python|--topology'
 while [[ $# -gt 0 ]]; do
   case $1 in
     --) shift; EXTRA_ARGS=("$@"); break ;;
@@ -138,6 +149,7 @@ while [[ $# -gt 0 ]]; do
     --reuse) REUSE=1; shift ;;
     --dry-run|--dry_run) DRY_RUN=1; shift ;;
     --delete-after|--delete_after) DELETE_AFTER=1; shift ;;
+    --skip-compile-check|--skip_compile_check) COMPILE_CHECK=0; shift ;;
     --*=*)
       flag=${1%%=*}
       [[ $flag =~ ^($VALUE_FLAGS)$ ]] || die "unknown option $flag (experiment flags go after --; see --help)"
@@ -175,6 +187,32 @@ case $FAMILY in
     DEFAULT_VERSION=""; MULTI_HOST=1 ;;
 esac
 VERSION=${VERSION:-$DEFAULT_VERSION}
+
+# The slice's topology for the compile check: chip grids of Google's standard
+# slice shapes. v4/v5p sizes count TensorCores (2 per chip, megacore), v5e/v6e chips.
+default_topology() {
+  local chips grid=""
+  case $FAMILY in
+    v4|v5p)
+      chips=$(( SIZE / 2 ))
+      case $chips in
+        4) grid=2x2x1 ;; 8) grid=2x2x2 ;; 16) grid=2x2x4 ;; 32) grid=2x4x4 ;;
+        64) grid=4x4x4 ;; 128) grid=4x4x8 ;; 256) grid=4x8x8 ;; 512) grid=8x8x8 ;;
+      esac
+      [[ -n $grid ]] && echo "$FAMILY:$grid" ;;
+    v5litepod|v6e)
+      case $SIZE in
+        4) grid=2x2 ;; 8) grid=2x4 ;; 16) grid=4x4 ;; 32) grid=4x8 ;; 64) grid=8x8 ;;
+        128) grid=8x16 ;; 256) grid=16x16 ;;
+      esac
+      [[ -n $grid ]] && echo "${FAMILY/v5litepod/v5e}:$grid" ;;
+  esac
+  return 0
+}
+if [[ $COMPILE_CHECK == 1 && -z $TOPOLOGY ]]; then
+  TOPOLOGY=$(default_topology)
+  [[ -n $TOPOLOGY ]] || die "--accelerator=$ACCELERATOR: no standard chip grid known for the compile check; pass --topology=GEN:GRID (e.g. v5e:4x4) or --skip-compile-check"
+fi
 
 if [[ -z $WORKDIR ]]; then
   die "--workdir is required (a gs:// path for checkpoints and logs, e.g. --workdir=gs://BUCKET/orthojax/run1)"
@@ -239,6 +277,18 @@ fi
 
 # Refuse to start a second run on top of a live one (same pid file on each worker).
 GUARD="if [ -f $REMOTE_PID ] && kill -0 \"\$(cat $REMOTE_PID)\" 2>/dev/null; then echo \"\$(hostname): a run is already going (pid \$(cat $REMOTE_PID)); stop it first\" >&2; exit 1; fi"
+
+# ----------------------------------------------------------- 0. compile check
+if [[ $COMPILE_CHECK == 1 ]]; then
+  COMPILE_DIR="${TMPDIR:-/tmp}/orthojax-$NAME-compile"
+  CHECK=("${ORTHOJAX_PYTHON:-python3}" -m "experiments.$EXPERIMENT" --flagfile="$FLAGFILE"
+         --compile_for="$TOPOLOGY" --workdir="$COMPILE_DIR" "${EXTRA_ARGS[@]}")
+  show "${CHECK[@]}"
+  if [[ $DRY_RUN == 0 ]]; then
+    (cd "$REPO_ROOT" && JAX_PLATFORMS=cpu "${CHECK[@]}") \
+      || die "the compile check for $TOPOLOGY failed (above); nothing was created. Fix the flags, or pass --skip-compile-check"
+  fi
+fi
 
 # ------------------------------------------------------- 1. create or reuse
 create_slice() {

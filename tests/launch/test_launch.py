@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import textwrap
+import sys
 import time
 
 import pytest
@@ -43,9 +44,14 @@ def _bash(script, args, env=None, cwd=REPO, timeout=60):
                         env=full_env, cwd=cwd, timeout=timeout)
 
 
-def _commands(stdout: str) -> list[list[str]]:
-  """The '+ ' lines as argv lists."""
-  return [shlex.split(line[2:]) for line in stdout.splitlines() if line.startswith("+ ")]
+def _is_compile_check(argv: list[str]) -> bool:
+  return any(a.startswith("--compile_for=") for a in argv)
+
+
+def _commands(stdout: str, compile_check: bool = False) -> list[list[str]]:
+  """The '+ ' lines as argv lists (without the local compile check unless asked)."""
+  cmds = [shlex.split(line[2:]) for line in stdout.splitlines() if line.startswith("+ ")]
+  return [c for c in cmds if compile_check or not _is_compile_check(c)]
 
 
 def _flag(argv: list[str], name: str) -> str:
@@ -285,6 +291,12 @@ def fake_tpu(tmp_path):
         echo "$*" >> "$HOME/pip.txt"
         """)
   _write_exe(bin_dir / "uv", "#!/usr/bin/env bash\nexit 0\n")
+  # The local compile check's python records its arguments (a real one compiles E1's
+  # ResNet-50 for the slice: minutes; test_tpu_compile_check_for_real runs a small job).
+  _write_exe(bin_dir / "local-python", f"""
+      #!/usr/bin/env bash
+      printf 'arg=%s\\n' "$@" > {tmp_path}/compile_check.txt
+      """)
   _write_exe(bin_dir / "gcloud", f"""
       #!/usr/bin/env bash
       # gcloud compute tpus (tpu-vm|queued-resources) VERB NAME [flags]
@@ -307,7 +319,7 @@ def fake_tpu(tmp_path):
       esac
       """)
   env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "TMPDIR": str(tmp_path),
-         "TPU_POD_POLL_SECONDS": "0"}
+         "TPU_POD_POLL_SECONDS": "0", "ORTHOJAX_PYTHON": str(bin_dir / "local-python")}
   return env, workers, tmp_path / "gcloud.log"
 
 
@@ -327,6 +339,11 @@ def test_tpu_real_run_executes_remote_commands_on_every_worker(fake_tpu):
   proc = _bash(TPU, [*BASE, "--", "--batch_size=1024", "--note=it's a test"], env=env)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   assert gcloud_log.read_text().split("\n")[:2] == ["tpu-vm create", "tpu-vm scp"]
+  check = (gcloud_log.parent / "compile_check.txt").read_text().splitlines()
+  assert check == [f"arg={a}" for a in (
+      "-m", "experiments.train", f"--flagfile={FLAGFILE}", "--compile_for=v4:2x2x4",
+      f"--workdir={gcloud_log.parent}/orthojax-oj-e1-compile", "--batch_size=1024",
+      "--note=it's a test")]
   for w in workers:
     assert (w / "orthojax" / "experiments" / "train.py").exists()
     pip = (w / "pip.txt").read_text().splitlines()
@@ -506,3 +523,61 @@ def test_slurm_auto_mode_needs_gpus_per_node(slurm):
   env = {**env, "DRY_RUN": "1", "SLURM_GPUS_PER_NODE": "", "SLURM_GPUS_ON_NODE": ""}
   proc = _run_slurm(["--mode=auto", *GPU_ARGS], env)
   assert proc.returncode != 0 and "--gpus-per-node" in proc.stderr
+
+
+# ---------------------------------------------------------- compile check
+
+@pytest.mark.parametrize("accelerator,topology", [
+    ("v4-32", "v4:2x2x4"), ("v4-8", "v4:2x2x1"), ("v5p-16", "v5p:2x2x2"),
+    ("v5litepod-64", "v5e:8x8"), ("v5litepod-16", "v5e:4x4"), ("v6e-8", "v6e:2x4")])
+def test_tpu_dry_run_compiles_for_the_slice_first(no_gcloud, accelerator, topology):
+  env, log = no_gcloud
+  args = [a for a in BASE if not a.startswith("--accelerator")]
+  proc = _bash(TPU, ["--dry-run", f"--accelerator={accelerator}", *args, "--", "--lr=0.4"],
+               env=env)
+  assert proc.returncode == 0, proc.stderr
+  first, second = _commands(proc.stdout, compile_check=True)[:2]
+  assert first[1:] == ["-m", "experiments.train", f"--flagfile={FLAGFILE}",
+                       f"--compile_for={topology}",
+                       f"--workdir={env['TMPDIR']}/orthojax-oj-e1-compile", "--lr=0.4"]
+  assert second[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "create"]
+  assert not log.exists()
+
+
+def test_tpu_topology_override_skip_and_unknown_sizes(no_gcloud):
+  env, _ = no_gcloud
+  proc = _bash(TPU, ["--dry-run", *BASE, "--topology=v5e:2x2"], env=env)
+  assert "--compile_for=v5e:2x2" in proc.stdout
+  proc = _bash(TPU, ["--dry-run", *BASE, "--skip-compile-check"], env=env)
+  assert proc.returncode == 0 and "--compile_for" not in proc.stdout
+  args = [a for a in BASE if not a.startswith("--accelerator")]
+  proc = _bash(TPU, ["--dry-run", "--accelerator=v5litepod-12", *args], env=env)
+  assert proc.returncode == 2
+  _one_error(proc.stderr, "--topology")
+
+
+def test_tpu_failed_compile_check_creates_nothing(fake_tpu):
+  env, _, gcloud_log = fake_tpu
+  failing = pathlib.Path(env["TMPDIR"]) / "bin" / "failing-python"
+  _write_exe(failing, "#!/usr/bin/env bash\necho 'error: --compile_for=v4:2x2x4: too big' >&2\n"
+                      "exit 1\n")
+  proc = _bash(TPU, BASE, env={**env, "ORTHOJAX_PYTHON": str(failing)})
+  assert proc.returncode == 2
+  assert "compile check" in proc.stderr and "nothing was created" in proc.stderr
+  assert not gcloud_log.exists()
+
+
+def test_tpu_compile_check_for_real(fake_tpu):
+  """The real local python compiles a small job for v5e:2x2 before creating the slice."""
+  env, _, gcloud_log = fake_tpu
+  env = {**env, "ORTHOJAX_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
+  args = [a for a in BASE if not a.startswith("--accelerator")]
+  small = ["--model=mlp", "--dataset=digits", "--num_epochs=0", "--num_steps=2", "--batch_size=8",
+           "--eval_every=0", "--early_stopping_patience=0", "--schedule=constant",
+           "--norestore_best", "--variant=sp", "--compute_dtype=float32"]
+  proc = _bash(TPU, ["--accelerator=v5litepod-4", *args, "--", *small], env=env, timeout=300)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert "HBM per chip" in proc.stdout
+  report = pathlib.Path(env["TMPDIR"]) / "orthojax-oj-e1-compile" / "compile_report.json"
+  assert report.exists()
+  assert gcloud_log.read_text().startswith("tpu-vm create")
