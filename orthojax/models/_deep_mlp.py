@@ -62,6 +62,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from flax.nnx.nn import dtypes
 
@@ -263,6 +264,66 @@ class DeepMLP(nnx.Module):
       return self.in_kernel[...], self.kernels[...]
     return (self.in_scale[...] * self.in_kernel[...],
             self.scales[...][:, None, None] * self.kernels[...])
+
+  def hidden_map(self, from_layer: int = 1,
+                 to_layer: int | None = None) -> Callable[[jax.Array], jax.Array]:
+    r"""``h^a ↦ h^b``, the map between two hidden pre-activations, for Jacobians.
+
+    With the module's numbering (row vectors, ``x⁰`` the input)::
+
+        h¹ = x⁰ W⁰ + b⁰,    h^{l+1} = φ(h^l) W^l + b^l   (l = 1 … L, L = depth),
+
+    the returned function maps the pre-activations ``h^a`` (``a =
+    from_layer``; ``a = 0`` means the input ``x⁰``) to ``h^b`` (``b =
+    to_layer``, default ``L + 1``, the last hidden pre-activation), applying
+    the hidden kernels ``W^a … W^{b−1}`` with ``jax.lax.scan``. Its Jacobian
+    ``∂h^b/∂h^a`` (output × input) is ``J_{h^a}^{h^b} = (D_a W^a D_{a+1}
+    W^{a+1} ⋯ D_{b−1} W^{b−1})ᵀ`` with ``D_l = diag φ'(h^l)`` — the
+    column-convention product ``∏ W^lᵀ D_l`` — as in Sokol & Park's
+    ``J_{h¹}^{h^L}``. Manifold scales ``s`` are applied (effective kernels).
+
+    The function works on one example ``(width,)`` or on any leading batch
+    axes. It closes over the model's current arrays; build it inside
+    ``jax.jit`` (from a traced ``nnx.merge``) to keep them traced.
+
+    Args:
+      from_layer: ``a``, ``0 ≤ a ≤ L``.
+      to_layer: ``b``, ``a < b ≤ L + 1`` (default ``L + 1``).
+
+    Returns:
+      ``f(h_a) -> h_b``.
+
+    Raises:
+      TypeError: a layer index that is not an int.
+      ValueError: layers out of range.
+    """
+    depth = self.depth
+    to_layer = depth + 1 if to_layer is None else to_layer
+    for name, v in (("from_layer", from_layer), ("to_layer", to_layer)):
+      if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"DeepMLP.hidden_map: {name} must be an int, got {v!r}")
+    if not 0 <= from_layer < to_layer <= depth + 1:
+      raise ValueError(f"DeepMLP.hidden_map: need 0 <= from_layer < to_layer <= depth + 1 = "
+                       f"{depth + 1}, got from_layer={from_layer}, to_layer={to_layer}")
+    w_in, w = self.effective_kernels()
+    b_in, b = self.in_bias[...], self.biases[...]
+    act = self.activation
+    start = max(from_layer, 1)
+    w_stack, b_stack = w[start - 1:to_layer - 1], b[start - 1:to_layer - 1]
+
+    def layer(h, params):
+      w_l, b_l = params
+      return act(h) @ w_l + b_l, None
+
+    def f(h):
+      h = jnp.asarray(h)
+      if from_layer == 0:
+        h = h @ w_in + b_in
+      if w_stack.shape[0] == 0:
+        return h
+      return jax.lax.scan(layer, h, (w_stack, b_stack))[0]
+
+    return f
 
   def _hidden(self, x: jax.Array, collect: bool) -> tuple[jax.Array, jax.Array | None]:
     """``h^{L+1}`` and, if ``collect``, the stacked ``h¹, …, h^{L+1}`` (else None)."""
