@@ -40,8 +40,8 @@ from flax.nnx.nn import dtypes
 from orthojax.linalg import MatrixView
 from orthojax.models._deep_mlp import INITS
 from orthojax.models._deep_mlp import check_choice
-from orthojax.nn import _sharding
 from orthojax.nn import initializers
+from orthojax.nn import sharding
 
 
 class DeepLinear(nnx.Module):
@@ -88,14 +88,14 @@ class DeepLinear(nnx.Module):
         return initializers.orthogonal(self.scale, view)
       return initializers.gaussian(self.scale, view)
 
-    meta = _sharding.metadata(_sharding.DENSE_KERNEL)
+    meta = sharding.metadata(sharding.DENSE_KERNEL)
     self.in_kernel = (nnx.Param(make(None)(rngs.params(), (int(in_features), width), param_dtype),
                                 **meta) if has_in else None)
     n = depth - has_in - has_out
     self.kernels = nnx.Param(
         make(MatrixView.stacked())(rngs.params(), (n, width, width), param_dtype),
         matrix_view=MatrixView.stacked(),
-        **_sharding.metadata(_sharding.stacked(_sharding.DENSE_KERNEL))) if n else None
+        **sharding.metadata(sharding.stacked(sharding.DENSE_KERNEL))) if n else None
     self.out_kernel = (nnx.Param(make(None)(rngs.params(), (width, int(out_features)),
                                             param_dtype), **meta) if has_out else None)
 

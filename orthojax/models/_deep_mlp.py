@@ -68,10 +68,10 @@ from flax.nnx.nn import dtypes
 
 from orthojax import manifolds
 from orthojax.linalg import MatrixView
-from orthojax.nn import _sharding
+from orthojax.nn import ObliqueParam
+from orthojax.nn import StiefelParam
 from orthojax.nn import initializers
-from orthojax.nn._constrained import ObliqueParam
-from orthojax.nn._constrained import StiefelParam
+from orthojax.nn import sharding
 
 
 def _hard_tanh(x):
@@ -232,31 +232,31 @@ class DeepMLP(nnx.Module):
               lambda g, view: initializers.orthogonal(g, view, fan_in_variance=True))
       values = [make(self.sigma_w, v)(rngs.params(), s, param_dtype)
                 for s, v in zip(shapes, views)]
-      self.in_kernel = nnx.Param(values[0], **_sharding.metadata(_sharding.DENSE_KERNEL))
-      self.kernels = nnx.Param(values[1], matrix_view=stacked, **_sharding.metadata(
-          _sharding.stacked(_sharding.DENSE_KERNEL)))
+      self.in_kernel = nnx.Param(values[0], **sharding.metadata(sharding.DENSE_KERNEL))
+      self.kernels = nnx.Param(values[1], matrix_view=stacked, **sharding.metadata(
+          sharding.stacked(sharding.DENSE_KERNEL)))
       self.in_scale = self.scales = None
     else:
       manifold_cls, param_cls = _MANIFOLDS[weights]
       point = manifolds.Stiefel() if init == "orthogonal" else manifold_cls()
       values = [point.random(rngs.params(), s, param_dtype, view=v)
                 for s, v in zip(shapes, views)]
-      self.in_kernel = param_cls(values[0], **_sharding.metadata(_sharding.DENSE_KERNEL))
-      self.kernels = param_cls(values[1], matrix_view=stacked, **_sharding.metadata(
-          _sharding.stacked(_sharding.DENSE_KERNEL)))
+      self.in_kernel = param_cls(values[0], **sharding.metadata(sharding.DENSE_KERNEL))
+      self.kernels = param_cls(values[1], matrix_view=stacked, **sharding.metadata(
+          sharding.stacked(sharding.DENSE_KERNEL)))
       scale_cls = nnx.Param if learn_scale else nnx.Variable
       in_scale = self.sigma_w * wide_gain(in_features, width)
-      self.in_scale = scale_cls(jnp.asarray(in_scale, param_dtype), **_sharding.metadata(()))
+      self.in_scale = scale_cls(jnp.asarray(in_scale, param_dtype), **sharding.metadata(()))
       self.scales = scale_cls(jnp.full((depth,), self.sigma_w, param_dtype),
-                              **_sharding.metadata((_sharding.LAYERS,)))
+                              **sharding.metadata((sharding.LAYERS,)))
     biases = bias_init(rngs.params(), (depth + 1, width), param_dtype)   # one draw
-    self.in_bias = nnx.Param(biases[0], **_sharding.metadata(_sharding.BIAS))
-    self.biases = nnx.Param(biases[1:], **_sharding.metadata(_sharding.stacked(_sharding.BIAS)))
+    self.in_bias = nnx.Param(biases[0], **sharding.metadata(sharding.BIAS))
+    self.biases = nnx.Param(biases[1:], **sharding.metadata(sharding.stacked(sharding.BIAS)))
     self.readout = nnx.Linear(
         width, out_features, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
         kernel_init=initializers.gaussian(1.0),
-        kernel_metadata=_sharding.metadata(_sharding.DENSE_KERNEL),
-        bias_metadata=_sharding.metadata(_sharding.BIAS))
+        kernel_metadata=sharding.metadata(sharding.DENSE_KERNEL),
+        bias_metadata=sharding.metadata(sharding.BIAS))
 
   def effective_kernels(self) -> tuple[jax.Array, jax.Array]:
     """``(W⁰, W)``: the input kernel and the ``(depth, width, width)`` stack, scales applied."""

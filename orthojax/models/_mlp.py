@@ -34,7 +34,7 @@ from orthojax.models._variants import Initializer
 from orthojax.models._variants import Unit
 from orthojax.models._variants import check_choice
 from orthojax.models._variants import linear
-from orthojax.nn._norm import WeightNormDense
+from orthojax.nn import WeightNormDense
 
 VARIANTS = ("sp", "wn", "bn", "gmp")
 """Accepted ``variant`` names (GmP paper Table 3 columns)."""

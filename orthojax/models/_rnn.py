@@ -49,9 +49,9 @@ from flax.nnx.nn import dtypes
 from orthojax import manifolds
 from orthojax.models._deep_mlp import activation_fn
 from orthojax.models._deep_mlp import check_choice
-from orthojax.nn import _sharding
+from orthojax.nn import StiefelParam
 from orthojax.nn import initializers
-from orthojax.nn._constrained import StiefelParam
+from orthojax.nn import sharding
 
 RECURRENT_INITS = ("glorot", "orthogonal")
 RECURRENTS = ("euclidean", "stiefel")
@@ -97,7 +97,7 @@ class SequenceRNN(nnx.Module):
                        "(times gain); use recurrent_init='orthogonal'")
     self.activation = activation_fn(activation, "SequenceRNN")
     self.dtype = dtype
-    kernel_meta = _sharding.metadata(_sharding.DENSE_KERNEL)
+    kernel_meta = sharding.metadata(sharding.DENSE_KERNEL)
     glorot = jax.nn.initializers.glorot_uniform()
     self.input_kernel = nnx.Param(glorot(rngs.params(), (input_size, hidden), param_dtype),
                                   **kernel_meta)
@@ -106,16 +106,16 @@ class SequenceRNN(nnx.Module):
       v = manifolds.Stiefel().random(rngs.params(), shape, param_dtype)
       self.recurrent_kernel = StiefelParam(v, **kernel_meta)
       self.recurrent_gain = nnx.Variable(jnp.asarray(gain, param_dtype),
-                                         **_sharding.metadata(()))
+                                         **sharding.metadata(()))
     else:
       init = (initializers.orthogonal(gain) if recurrent_init == "orthogonal" else
               jax.nn.initializers.variance_scaling(float(gain) ** 2, "fan_avg", "uniform"))
       self.recurrent_kernel = nnx.Param(init(rngs.params(), shape, param_dtype), **kernel_meta)
       self.recurrent_gain = None
-    self.bias = nnx.Param(jnp.zeros((hidden,), param_dtype), **_sharding.metadata(_sharding.BIAS))
+    self.bias = nnx.Param(jnp.zeros((hidden,), param_dtype), **sharding.metadata(sharding.BIAS))
     self.classifier = nnx.Linear(
         hidden, num_classes, dtype=dtype, param_dtype=param_dtype, rngs=rngs, kernel_init=glorot,
-        kernel_metadata=kernel_meta, bias_metadata=_sharding.metadata(_sharding.BIAS))
+        kernel_metadata=kernel_meta, bias_metadata=sharding.metadata(sharding.BIAS))
 
   def recurrent_matrix(self) -> jax.Array:
     """The effective ``W_rec`` (``gain · V`` for a Stiefel kernel)."""

@@ -25,7 +25,7 @@ pre-activation unit used before a residual addition; for GmP that is
 ``r ⊙ (x U + λ)``.
 
 Every parameter carries the logical sharding axes of
-:mod:`orthojax.nn._sharding` (conv kernels ``(spatial…, fan_in, fan_out)``,
+:mod:`orthojax.nn.sharding` (conv kernels ``(spatial…, fan_in, fan_out)``,
 per-unit vectors ``(fan_out,)``), BatchNorm running statistics included.
 
 References:
@@ -43,14 +43,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orthojax.nn import _sharding
-from orthojax.nn._gmp import GmPConv
-from orthojax.nn._gmp import GmPDense
+from orthojax.nn import GmPConv
+from orthojax.nn import GmPDense
+from orthojax.nn import InputMeanNorm
+from orthojax.nn import MeanOnlyBatchNorm
+from orthojax.nn import WeightNormConv
+from orthojax.nn import WeightNormDense
+from orthojax.nn import sharding
 from orthojax.nn._gmp import resolve_activation
-from orthojax.nn._norm import InputMeanNorm
-from orthojax.nn._norm import MeanOnlyBatchNorm
-from orthojax.nn._norm import WeightNormConv
-from orthojax.nn._norm import WeightNormDense
 
 Initializer = Callable[[jax.Array, Sequence[int], Any], jax.Array]
 
@@ -66,7 +66,7 @@ def check_choice(value: Any, choices: Sequence[Any], argname: str) -> Any:
 
 
 def _meta(names: tuple[str, ...]) -> dict[str, Any]:
-  return _sharding.metadata(names)
+  return sharding.metadata(names)
 
 
 def batch_norm(num_features: int, *, momentum: float, epsilon: float, zero_scale: bool = False,
@@ -75,10 +75,10 @@ def batch_norm(num_features: int, *, momentum: float, epsilon: float, zero_scale
   bn = nnx.BatchNorm(num_features, momentum=momentum, epsilon=epsilon, dtype=dtype,
                      param_dtype=param_dtype,
                      scale_init=nnx.initializers.zeros if zero_scale else nnx.initializers.ones,
-                     scale_metadata=_meta(_sharding.BIAS), bias_metadata=_meta(_sharding.BIAS),
+                     scale_metadata=_meta(sharding.BIAS), bias_metadata=_meta(sharding.BIAS),
                      rngs=rngs)
-  bn.mean.set_metadata(**_meta(_sharding.BIAS))
-  bn.var.set_metadata(**_meta(_sharding.BIAS))
+  bn.mean.set_metadata(**_meta(sharding.BIAS))
+  bn.var.set_metadata(**_meta(sharding.BIAS))
   return bn
 
 
@@ -88,8 +88,8 @@ def linear(in_features: int, out_features: int, *, use_bias: bool = True,
   """``nnx.Linear`` with logical axes ``(fan_in, fan_out)`` / ``(fan_out,)``."""
   return nnx.Linear(in_features, out_features, use_bias=use_bias, kernel_init=kernel_init,
                     dtype=dtype, param_dtype=param_dtype,
-                    kernel_metadata=_meta(_sharding.DENSE_KERNEL),
-                    bias_metadata=_meta(_sharding.BIAS), rngs=rngs)
+                    kernel_metadata=_meta(sharding.DENSE_KERNEL),
+                    bias_metadata=_meta(sharding.BIAS), rngs=rngs)
 
 
 class Unit(nnx.Module):
@@ -166,8 +166,8 @@ class Unit(nnx.Module):
       if conv:
         self.layer = nnx.Conv(in_features, out_features, **geometry, use_bias=use_bias,
                               kernel_init=kernel_init,
-                              kernel_metadata=_meta(_sharding.conv_kernel(len(kernel_size))),
-                              bias_metadata=_meta(_sharding.BIAS), **common)
+                              kernel_metadata=_meta(sharding.conv_kernel(len(kernel_size))),
+                              bias_metadata=_meta(sharding.BIAS), **common)
       else:
         self.layer = linear(in_features, out_features, use_bias=use_bias,
                             kernel_init=kernel_init, **common)

@@ -1,6 +1,7 @@
 """Flax NNX layers, initializers and constrained Variable types."""
 
 from orthojax.nn import initializers
+from orthojax.nn import sharding
 from orthojax.nn._constrained import ManifoldLinear
 from orthojax.nn._constrained import ManifoldParam
 from orthojax.nn._constrained import ObliqueParam
@@ -36,4 +37,5 @@ __all__ = [
     "initializers",
     "manifold_labels",
     "matrix_views",
+    "sharding",
 ]

@@ -46,7 +46,7 @@ from flax.nnx.nn import dtypes
 from orthojax import manifolds
 from orthojax.linalg import MatrixView
 from orthojax.linalg import layout
-from orthojax.nn import _sharding
+from orthojax.nn import sharding
 
 
 class ManifoldParam(nnx.Param):
@@ -168,11 +168,11 @@ class ManifoldLinear(nnx.Module):
                        f"choose one of {sorted(kinds)}")
     manifold_cls, param_cls = kinds[manifold]
     kernel = manifold_cls().random(rngs.params(), (in_features, out_features), param_dtype)
-    self.kernel = param_cls(kernel, **_sharding.metadata(_sharding.DENSE_KERNEL))
+    self.kernel = param_cls(kernel, **sharding.metadata(sharding.DENSE_KERNEL))
     scale = jnp.asarray(scale_init, param_dtype)
     self.scale = nnx.Param(scale) if learn_scale else nnx.Variable(scale)
     self.bias = (nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype),
-                           **_sharding.metadata(_sharding.BIAS)) if use_bias else None)
+                           **sharding.metadata(sharding.BIAS)) if use_bias else None)
     self.dtype = dtype
 
   def __call__(self, x: jax.Array) -> jax.Array:

@@ -67,7 +67,7 @@ from flax.nnx.nn import dtypes
 from jax import lax
 
 from orthojax.nn import _hyperspherical
-from orthojax.nn import _sharding
+from orthojax.nn import sharding
 
 Initializer = Callable[[jax.Array, Sequence[int], Any], jax.Array]
 
@@ -181,13 +181,13 @@ class _GmPBase(nnx.Module):
     self.fan_in = math.prod(kernel_shape[:-1])
     if self.fan_in == 1:
       self.theta = nnx.data(None)
-      self.sign = nnx.Variable(coords.astype(param_dtype), **_sharding.metadata(_sharding.BIAS))
+      self.sign = nnx.Variable(coords.astype(param_dtype), **sharding.metadata(sharding.BIAS))
     else:
-      self.theta = nnx.Param(coords.astype(param_dtype), **_sharding.metadata(_sharding.GMP_ANGLES))
+      self.theta = nnx.Param(coords.astype(param_dtype), **sharding.metadata(sharding.GMP_ANGLES))
       self.sign = nnx.data(None)
     radius = norm if init_radius == "norm" else jnp.ones_like(norm)
-    self.r = nnx.Param(radius.astype(param_dtype), **_sharding.metadata(_sharding.BIAS))
-    self.lam = (nnx.Param(jnp.zeros((fan_out,), param_dtype), **_sharding.metadata(_sharding.BIAS))
+    self.r = nnx.Param(radius.astype(param_dtype), **sharding.metadata(sharding.BIAS))
+    self.lam = (nnx.Param(jnp.zeros((fan_out,), param_dtype), **sharding.metadata(sharding.BIAS))
                 if use_offset
                 else nnx.data(None))
     self.use_offset = use_offset

@@ -45,7 +45,7 @@ from flax import nnx
 from flax.nnx.nn import dtypes
 from jax import lax
 
-from orthojax.nn import _sharding
+from orthojax.nn import sharding
 from orthojax.nn._gmp import canonical_padding
 from orthojax.nn._gmp import conv_nd
 
@@ -59,11 +59,11 @@ class _MeanCentering(nnx.Module):
                use_running_average: bool | None, use_bias: bool, bias_init: Initializer,
                dtype: Any, param_dtype: Any, axis_name: str | None, rngs: nnx.Rngs | None):
     self.mean = nnx.BatchStat(jnp.zeros((num_features,), jnp.float32),
-                              **_sharding.metadata(_sharding.BIAS))
+                              **sharding.metadata(sharding.BIAS))
     if use_bias:
       key = rngs.params() if rngs is not None else jax.random.key(0)
       self.bias = nnx.Param(bias_init(key, (num_features,), param_dtype),
-                            **_sharding.metadata(_sharding.BIAS))
+                            **sharding.metadata(sharding.BIAS))
     else:
       self.bias = nnx.data(None)
     self.num_features = num_features
@@ -196,15 +196,15 @@ class _WeightNorm(nnx.Module):
     if init_scale not in _INIT_SCALES:
       raise ValueError(f"unknown init_scale={init_scale!r}; valid: {list(_INIT_SCALES)}")
     v = kernel_init(rngs.params(), kernel_shape, param_dtype)
-    kernel_axes = (_sharding.DENSE_KERNEL if v.ndim == 2
-                   else _sharding.conv_kernel(v.ndim - 2))
-    self.kernel = nnx.Param(v, **_sharding.metadata(kernel_axes))
+    kernel_axes = (sharding.DENSE_KERNEL if v.ndim == 2
+                   else sharding.conv_kernel(v.ndim - 2))
+    self.kernel = nnx.Param(v, **sharding.metadata(kernel_axes))
     norm = jnp.sqrt(jnp.sum(jnp.square(v.astype(jnp.float32)),
                             axis=tuple(range(v.ndim - 1))) + epsilon)
     scale = norm if init_scale == "norm" else jnp.ones_like(norm)
-    self.scale = nnx.Param(scale.astype(param_dtype), **_sharding.metadata(_sharding.BIAS))
+    self.scale = nnx.Param(scale.astype(param_dtype), **sharding.metadata(sharding.BIAS))
     self.bias = (nnx.Param(bias_init(rngs.params(), (kernel_shape[-1],), param_dtype),
-                           **_sharding.metadata(_sharding.BIAS))
+                           **sharding.metadata(sharding.BIAS))
                  if use_bias else nnx.data(None))
     self.epsilon = epsilon
 

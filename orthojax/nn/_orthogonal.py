@@ -77,7 +77,7 @@ with any optax optimizer as ordinary ``nnx.Param`` leaves):
   fixed ``nnx.Variable``.
 * ``bias``: ``(fan_out,)`` ``nnx.Param`` (zeros), when ``use_bias``.
 
-Logical sharding (:mod:`orthojax.nn._sharding`): generators and signs are
+Logical sharding (:mod:`orthojax.nn.sharding`): generators and signs are
 replicated (``None`` axes): every call needs the whole generator (one solve,
 one exponential, one sequential product), so sharding it buys nothing; the
 bias is ``("fan_out",)``.
@@ -148,7 +148,7 @@ from flax.nnx.nn import dtypes
 from jax import lax
 
 from orthojax import linalg
-from orthojax.nn import _sharding
+from orthojax.nn import sharding
 from orthojax.nn._gmp import canonical_padding
 
 PARAMETRIZATIONS = ("cayley", "expm", "householder", "givens")
@@ -511,11 +511,11 @@ class _OrthogonalBase(nnx.Module):
     generator, signs = initial_generator(rngs.params(), parametrization, init, self.n, self.p,
                                          self.num_reflections, param_dtype)
     self.generator = nnx.Param(generator,
-                               **_sharding.metadata((None,) * generator.ndim))
-    self.signs = nnx.Variable(signs, **_sharding.metadata(_REPLICATED1))
+                               **sharding.metadata((None,) * generator.ndim))
+    self.signs = nnx.Variable(signs, **sharding.metadata(_REPLICATED1))
     gain_cls = nnx.Param if learn_gain else nnx.Variable
-    self.gain = gain_cls(jnp.asarray(gain, param_dtype), **_sharding.metadata(()))
-    self.bias = (nnx.Param(jnp.zeros((fan_out,), param_dtype), **_sharding.metadata(_sharding.BIAS))
+    self.gain = gain_cls(jnp.asarray(gain, param_dtype), **sharding.metadata(()))
+    self.bias = (nnx.Param(jnp.zeros((fan_out,), param_dtype), **sharding.metadata(sharding.BIAS))
                  if use_bias else nnx.data(None))
 
   def matrix(self) -> jax.Array:
