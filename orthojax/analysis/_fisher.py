@@ -51,17 +51,13 @@ from jax.flatten_util import ravel_pytree
 
 from orthojax.analysis import _lanczos
 from orthojax.analysis._compile import compiled
+from orthojax.nn import check_choice
 
 LOSSES = ("cross_entropy", "mse")
 KINDS = ("gauss_newton", "empirical")
 METHODS = ("lanczos", "power")
 
 ApplyFn = Callable[[Any, Any], jax.Array]
-
-
-def _choice(who, what, value, choices):
-  if value not in choices:
-    raise ValueError(f"{who}: {what} must be one of {', '.join(choices)}, got {value!r}")
 
 
 def _batch_size(x: Any, who: str) -> int:
@@ -88,7 +84,7 @@ def per_example_loss(outputs: jax.Array, y: Any, loss: str) -> jax.Array:
   Raises:
     ValueError: unknown ``loss``, or label shapes that do not fit.
   """
-  _choice("per_example_loss", "loss", loss, LOSSES)
+  check_choice(loss, LOSSES, "loss", where="per_example_loss")
   outputs = jnp.asarray(outputs)
   y = jnp.asarray(y)
   if loss == "mse":
@@ -145,8 +141,8 @@ def fisher_matvec(apply_fn: ApplyFn, params: Any, x: Any, y: Any = None, *,
     ValueError: unknown ``loss``/``kind``, missing labels, no batch axis.
   """
   who = "fisher_matvec"
-  _choice(who, "loss", loss, LOSSES)
-  _choice(who, "kind", kind, KINDS)
+  check_choice(loss, LOSSES, "loss", where=who)
+  check_choice(kind, KINDS, "kind", where=who)
   batch = _batch_size(x, who)
   flat, unravel = ravel_pytree(params)
   if flat.size == 0:
@@ -232,7 +228,7 @@ def fisher_max_eigenvalue(apply_fn: ApplyFn, params: Any, x: Any, y: Any = None,
     Kunstner, Hennig & Balles 2019.
   """
   who = "fisher_max_eigenvalue"
-  _choice(who, "method", method, METHODS)
+  check_choice(method, METHODS, "method", where=who)
   matvec, dim, unravel = fisher_matvec(apply_fn, params, x, y, loss=loss, kind=kind)
   dtype = ravel_pytree(params)[0].dtype
   if method == "lanczos":

@@ -52,6 +52,7 @@ from flax import nnx
 from orthojax.analysis import _lanczos
 from orthojax.analysis._compile import compiled
 from orthojax.analysis._model import model_function
+from orthojax.nn import check_choice
 
 METHODS = ("exact", "lanczos")
 
@@ -117,11 +118,6 @@ def gram_operator(f: Callable, x: jax.Array) -> tuple[Callable[[jax.Array], jax.
   return (lambda u: jvp(vjp(u)[0])), m, "JJt"
 
 
-def _check_method(method, who):
-  if method not in METHODS:
-    raise ValueError(f"{who}: method must be one of {', '.join(METHODS)}, got {method!r}")
-
-
 @compiled("x", "key")
 def jacobian_singular_values(
     f: Callable | nnx.Module,
@@ -184,8 +180,8 @@ def jacobian_singular_values(
     Pennington, Schoenholz & Ganguli 2017; Sokol & Park 2020.
   """
   who = "jacobian_singular_values"
-  _check_method(method, who)
-  _lanczos._check_which(which, who)
+  check_choice(method, METHODS, "method", where=who)
+  check_choice(which, _lanczos.WHICH, "which", where=who)
   if isinstance(f, nnx.Module):
     f, batched = model_function(f), True
   elif not callable(f):

@@ -39,7 +39,7 @@ from flax.nnx.nn import dtypes
 
 from orthojax.linalg import MatrixView
 from orthojax.models._deep_mlp import INITS
-from orthojax.models._deep_mlp import check_choice
+from orthojax.nn import check_choice
 from orthojax.nn import initializers
 from orthojax.nn import sharding
 
@@ -72,7 +72,7 @@ class DeepLinear(nnx.Module):
   def __init__(self, depth: int, width: int, in_features: int | None = None,
                out_features: int | None = None, *, init: str = "gaussian", scale: float = 1.0,
                dtype: Any = None, param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
-    check_choice("DeepLinear", "init", init, INITS)
+    check_choice(init, INITS, "init", where="DeepLinear")
     depth, width = int(depth), int(width)
     has_in = in_features is not None and int(in_features) != width
     has_out = out_features is not None and int(out_features) != width

@@ -70,26 +70,15 @@ from orthojax import manifolds
 from orthojax.linalg import MatrixView
 from orthojax.nn import ObliqueParam
 from orthojax.nn import StiefelParam
+from orthojax.nn import activation_fn
+from orthojax.nn import check_choice
 from orthojax.nn import initializers
 from orthojax.nn import sharding
 
 
-def _hard_tanh(x):
-  return jnp.clip(x, -1.0, 1.0)
-
-
-def _linear(x):
+def _identity(x):
   return x
 
-
-# The jax forms of the named activations of orthojax.nn.initializers.
-_ACTIVATION_FNS: dict[str, Callable[[jax.Array], jax.Array]] = {
-    "tanh": jnp.tanh,
-    "hard_tanh": _hard_tanh,
-    "erf": jax.scipy.special.erf,
-    "relu": jax.nn.relu,
-    "linear": _linear,
-}
 
 INITS = ("gaussian", "orthogonal")
 WEIGHTS = ("euclidean", "stiefel", "oblique")
@@ -97,30 +86,22 @@ _MANIFOLDS = {"stiefel": (manifolds.Stiefel, StiefelParam),
               "oblique": (manifolds.Oblique, ObliqueParam)}
 
 
-def check_choice(where: str, what: str, value: Any, choices: tuple[str, ...]) -> str:
-  """``value`` if it is one of ``choices``, else a ValueError listing them."""
-  if not isinstance(value, str) or value not in choices:
-    raise ValueError(f"{where}: unknown {what}={value!r}; choose one of {', '.join(choices)}")
-  return value
-
-
-def activation_fn(activation: Any, where: str = "model") -> Callable:
-  """The jax function ``φ`` of an activation name (``initializers.ACTIVATIONS``) or callable.
-
-  A pair ``(φ, φ')`` (accepted by the mean-field functions) gives ``φ``.
+def activation_phi(activation: Any, where: str = "model") -> Callable:
+  """The jax function ``φ`` of an activation: a name in :data:`orthojax.nn.ACTIVATIONS`
+  (the identity names give the identity), a callable, or a pair ``(φ, φ')`` (the
+  form the mean-field functions accept; ``φ'`` is theirs alone).
 
   Raises:
-    ValueError: for an unknown name, listing the known ones.
-    TypeError: for anything that is neither a name, a callable nor such a pair.
+    ValueError: an unknown name, listing the known ones.
+    TypeError: anything that is neither a name, a callable nor such a pair.
   """
-  if isinstance(activation, str):
-    return _ACTIVATION_FNS[check_choice(where, "activation", activation, tuple(_ACTIVATION_FNS))]
-  if callable(activation):
-    return activation
   if isinstance(activation, (tuple, list)) and len(activation) == 2 and callable(activation[0]):
     return activation[0]
-  raise TypeError(f"{where}: activation must be one of {', '.join(_ACTIVATION_FNS)}, a "
-                  f"jax-traceable callable or a pair (phi, phi_prime), got {activation!r}")
+  if activation is None:
+    raise TypeError(f"{where}: activation must be a name, a callable or a pair (phi, phi_prime), "
+                    "got None")
+  phi = activation_fn(activation, where=where)
+  return _identity if phi is None else phi
 
 
 def resolve_sigmas(activation: str | Callable, q_star: float | None, sigma_w: float | None,
@@ -188,9 +169,10 @@ class DeepMLP(nnx.Module):
     depth: number of hidden ``width → width`` layers, ``≥ 1`` (E5: 200).
     width: hidden width (E5: 400).
     out_features: number of outputs (classes).
-    activation: ``"tanh"``, ``"hard_tanh"``, ``"erf"``, ``"relu"``,
-      ``"linear"``, an elementwise jax-traceable callable, or a pair
-      ``(φ, φ')`` (``φ'`` is used only for the critical point).
+    activation: a name in :data:`orthojax.nn.ACTIVATIONS` (``"tanh"``,
+      ``"hard_tanh"``, ``"erf"``, ``"relu"``, ``"linear"`` …), an
+      elementwise jax-traceable callable, or a pair ``(φ, φ')`` (``φ'`` is
+      used only for the critical point).
     q_star: the fixed point of the critical initialisation; see
       :func:`resolve_sigmas` for how it combines with ``sigma_w``/``sigma_b``.
     sigma_w, sigma_b: explicit initialisation scales.
@@ -212,9 +194,9 @@ class DeepMLP(nnx.Module):
                sigma_w: float | None = None, sigma_b: float | None = None,
                init: str = "gaussian", weights: str = "euclidean", learn_scale: bool = True,
                dtype: Any = None, param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
-    self.activation = activation_fn(activation, "DeepMLP")
-    check_choice("DeepMLP", "init", init, INITS)
-    check_choice("DeepMLP", "weights", weights, WEIGHTS)
+    self.activation = activation_phi(activation, "DeepMLP")
+    check_choice(init, INITS, "init", where="DeepMLP")
+    check_choice(weights, WEIGHTS, "weights", where="DeepMLP")
     if int(depth) < 1:
       raise ValueError(f"DeepMLP: depth must be >= 1, got {depth}")
     depth, width = int(depth), int(width)

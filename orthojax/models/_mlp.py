@@ -32,9 +32,9 @@ from flax import nnx
 
 from orthojax.models._variants import Initializer
 from orthojax.models._variants import Unit
-from orthojax.models._variants import check_choice
 from orthojax.models._variants import linear
 from orthojax.nn import WeightNormDense
+from orthojax.nn import check_choice
 
 VARIANTS = ("sp", "wn", "bn", "gmp")
 """Accepted ``variant`` names (GmP paper Table 3 columns)."""

@@ -47,9 +47,9 @@ from flax import nnx
 from flax.nnx.nn import dtypes
 
 from orthojax import manifolds
-from orthojax.models._deep_mlp import activation_fn
-from orthojax.models._deep_mlp import check_choice
+from orthojax.models._deep_mlp import activation_phi
 from orthojax.nn import StiefelParam
+from orthojax.nn import check_choice
 from orthojax.nn import initializers
 from orthojax.nn import sharding
 
@@ -76,7 +76,7 @@ class SequenceRNN(nnx.Module):
     gain: multiplies the initial recurrent kernel (both inits).
     recurrent: ``"euclidean"`` or ``"stiefel"``.
     activation: ``φ``: a callable (default ``jnp.tanh``) or a name of
-      :data:`orthojax.nn.initializers.ACTIVATIONS`.
+      :data:`orthojax.nn.ACTIVATIONS`.
     dtype: computation dtype (None: promote).
     param_dtype: parameter dtype.
     rngs: ``nnx.Rngs`` with a ``params`` stream.
@@ -90,12 +90,12 @@ class SequenceRNN(nnx.Module):
                recurrent_init: str = "glorot", gain: float = 1.0, recurrent: str = "euclidean",
                activation: str | Callable = jnp.tanh, dtype: Any = None,
                param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
-    check_choice("SequenceRNN", "recurrent_init", recurrent_init, RECURRENT_INITS)
-    check_choice("SequenceRNN", "recurrent", recurrent, RECURRENTS)
+    check_choice(recurrent_init, RECURRENT_INITS, "recurrent_init", where="SequenceRNN")
+    check_choice(recurrent, RECURRENTS, "recurrent", where="SequenceRNN")
     if recurrent == "stiefel" and recurrent_init != "orthogonal":
       raise ValueError("SequenceRNN: recurrent='stiefel' keeps the recurrent kernel orthonormal "
                        "(times gain); use recurrent_init='orthogonal'")
-    self.activation = activation_fn(activation, "SequenceRNN")
+    self.activation = activation_phi(activation, "SequenceRNN")
     self.dtype = dtype
     kernel_meta = sharding.metadata(sharding.DENSE_KERNEL)
     glorot = jax.nn.initializers.glorot_uniform()

@@ -49,20 +49,14 @@ from orthojax.nn import InputMeanNorm
 from orthojax.nn import MeanOnlyBatchNorm
 from orthojax.nn import WeightNormConv
 from orthojax.nn import WeightNormDense
+from orthojax.nn import activation_fn
+from orthojax.nn import check_choice
 from orthojax.nn import sharding
-from orthojax.nn._gmp import resolve_activation
 
 Initializer = Callable[[jax.Array, Sequence[int], Any], jax.Array]
 
 VARIANTS = ("sp", "wn", "wn_mbn", "bn", "gmp", "gmp_imn")
 """Every unit kind :class:`Unit` builds (each model accepts a subset)."""
-
-
-def check_choice(value: Any, choices: Sequence[Any], argname: str) -> Any:
-  """``value`` if it is one of ``choices``; otherwise a ValueError listing them."""
-  if value not in choices:
-    raise ValueError(f"unknown {argname}={value!r}; valid choices: {list(choices)}")
-  return value
 
 
 def _meta(names: tuple[str, ...]) -> dict[str, Any]:
@@ -110,7 +104,7 @@ class Unit(nnx.Module):
     strides: conv strides.
     padding: conv padding; None for ``k // 2`` per side.
     activation: ``"relu"`` (default), ``"identity"`` / None, or any name or
-      callable :func:`orthojax.nn._gmp.resolve_activation` accepts.
+      callable :func:`orthojax.nn.activation_fn` accepts.
     hidden_input: the input is a hidden activation, so ``gmp_imn`` puts an
       IMN in front (False for the layer that reads the data).
     zero_init_norm: ``bn`` only — initialise the BN scale γ to 0 (the last BN
@@ -135,7 +129,7 @@ class Unit(nnx.Module):
                momentum: float = 0.99, epsilon: float = 1e-5, dtype: Any = None,
                param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
     check_choice(variant, VARIANTS, "variant")
-    act = resolve_activation(activation)
+    act = activation_fn(activation)
     self.variant = variant
     conv = kernel_size is not None
     if conv:

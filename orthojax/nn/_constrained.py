@@ -47,6 +47,7 @@ from orthojax import manifolds
 from orthojax.linalg import MatrixView
 from orthojax.linalg import layout
 from orthojax.nn import sharding
+from orthojax.nn._checks import check_choice
 
 
 class ManifoldParam(nnx.Param):
@@ -163,9 +164,7 @@ class ManifoldLinear(nnx.Module):
                param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
     kinds = {"stiefel": (manifolds.Stiefel, StiefelParam),
              "oblique": (manifolds.Oblique, ObliqueParam)}
-    if manifold not in kinds:
-      raise ValueError(f"ManifoldLinear: unknown manifold {manifold!r}; "
-                       f"choose one of {sorted(kinds)}")
+    check_choice(manifold, sorted(kinds), "manifold", where="ManifoldLinear")
     manifold_cls, param_cls = kinds[manifold]
     kernel = manifold_cls().random(rngs.params(), (in_features, out_features), param_dtype)
     self.kernel = param_cls(kernel, **sharding.metadata(sharding.DENSE_KERNEL))

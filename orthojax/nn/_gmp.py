@@ -68,23 +68,10 @@ from jax import lax
 
 from orthojax.nn import _hyperspherical
 from orthojax.nn import sharding
+from orthojax.nn._activations import activation_fn
+from orthojax.nn._checks import check_choice
 
 Initializer = Callable[[jax.Array, Sequence[int], Any], jax.Array]
-
-ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array] | None] = {
-    "relu": jax.nn.relu,
-    "leaky_relu": jax.nn.leaky_relu,
-    "identity": None,
-    "linear": None,
-    "gelu": jax.nn.gelu,
-    "silu": jax.nn.silu,
-    "swish": jax.nn.silu,
-    "elu": jax.nn.elu,
-    "tanh": jnp.tanh,
-    "sigmoid": jax.nn.sigmoid,
-    "softplus": jax.nn.softplus,
-}
-"""Activation names accepted by the GmP layers (``None`` is the identity)."""
 
 # φ(c·t) = c·φ(t) for c > 0: r·φ(uᵀx + λ) = φ(wᵀx + b) exactly.
 _POSITIVELY_HOMOGENEOUS = (None, jax.nn.relu, jax.nn.leaky_relu)
@@ -93,36 +80,14 @@ INIT_DIRECTIONS = ("gaussian", "glorot")
 INIT_RADII = ("one", "norm")
 
 
-def resolve_activation(activation: Any, argname: str = "activation") -> Callable | None:
-  """A callable (or None for the identity) from a name, callable or None.
-
-  Raises:
-    ValueError: an unknown name; the message names ``argname`` and lists
-      :data:`ACTIVATIONS`.
-  """
-  if activation is None or callable(activation):
-    return activation
-  if isinstance(activation, str) and activation in ACTIVATIONS:
-    return ACTIVATIONS[activation]
-  raise ValueError(f"unknown {argname}={activation!r}; valid names: {sorted(ACTIVATIONS)}, "
-                   "None (identity) or a callable")
-
-
 def _direction_sampler(init_direction: str | Initializer) -> Initializer:
   if callable(init_direction):
     return init_direction
+  check_choice(init_direction, INIT_DIRECTIONS, "init_direction",
+               also="an initializer (key, shape, dtype) -> kernel sample")
   if init_direction == "gaussian":
     return nnx.initializers.lecun_normal()
-  if init_direction == "glorot":
-    return nnx.initializers.glorot_uniform()
-  raise ValueError(f"unknown init_direction={init_direction!r}; valid: {list(INIT_DIRECTIONS)} "
-                   "or an initializer (key, shape, dtype) -> kernel sample")
-
-
-def _check_radius(init_radius: str) -> str:
-  if init_radius not in INIT_RADII:
-    raise ValueError(f"unknown init_radius={init_radius!r}; valid: {list(INIT_RADII)}")
-  return init_radius
+  return nnx.initializers.glorot_uniform()
 
 
 @jax.jit
@@ -171,7 +136,7 @@ class _GmPBase(nnx.Module):
 
   def _init_params(self, kernel_shape: tuple[int, ...], *, init_direction, init_radius,
                    use_offset: bool, param_dtype, rngs: nnx.Rngs):
-    init_radius = _check_radius(init_radius)
+    init_radius = check_choice(init_radius, INIT_RADII, "init_radius")
     sample = _direction_sampler(init_direction)(rngs.params(), kernel_shape, param_dtype)
     if tuple(sample.shape) != tuple(kernel_shape):
       raise ValueError(f"init_direction returned shape {tuple(sample.shape)}, "
@@ -251,7 +216,7 @@ class GmPDense(_GmPBase):
   Args:
     in_features: fan-in n.
     out_features: fan-out m.
-    activation: φ: a callable, a name from :data:`ACTIVATIONS` (``"relu"``
+    activation: φ: a callable, a name from :data:`orthojax.nn.ACTIVATIONS` (``"relu"``
       ...), or None for the identity. Default ReLU (the paper's setting).
     init_direction: ``"gaussian"`` (default), ``"glorot"``, or an initializer
       ``(key, (in, out), dtype)``; its columns' directions become θ.
@@ -277,7 +242,7 @@ class GmPDense(_GmPBase):
                param_dtype: Any = jnp.float32,
                precision: Any = None,
                rngs: nnx.Rngs):
-    self.activation = resolve_activation(activation)
+    self.activation = activation_fn(activation)
     self.in_features = in_features
     self.out_features = out_features
     self.dtype = dtype
@@ -311,7 +276,7 @@ class GmPDense(_GmPBase):
       rngs: unused by the conversion (default ``nnx.Rngs(0)``).
       **kwargs: other constructor arguments (``dtype``, ``param_dtype``, ...).
     """
-    act = resolve_activation(activation)
+    act = activation_fn(activation)
     _check_homogeneous(act, homogeneous)
     kernel = jnp.asarray(kernel)
     if kernel.ndim != 2:
@@ -410,7 +375,7 @@ class GmPConv(_GmPBase):
       raise ValueError(f"in_features={in_features} is not divisible by "
                        f"feature_group_count={feature_group_count}")
     canonical_padding(padding, len(self.kernel_size))  # validate early
-    self.activation = resolve_activation(activation)
+    self.activation = activation_fn(activation)
     self.in_features = in_features
     self.out_features = out_features
     self.strides = strides
@@ -442,7 +407,7 @@ class GmPConv(_GmPBase):
       **kwargs: ``strides``, ``padding``, ``feature_group_count`` ... as in
         the constructor.
     """
-    act = resolve_activation(activation)
+    act = activation_fn(activation)
     _check_homogeneous(act, homogeneous)
     kernel = jnp.asarray(kernel)
     if kernel.ndim < 3:

@@ -46,6 +46,7 @@ from flax.nnx.nn import dtypes
 from jax import lax
 
 from orthojax.nn import sharding
+from orthojax.nn._checks import check_choice
 from orthojax.nn._gmp import canonical_padding
 from orthojax.nn._gmp import conv_nd
 
@@ -193,8 +194,7 @@ class _WeightNorm(nnx.Module):
 
   def _init_params(self, kernel_shape, *, use_bias, kernel_init, bias_init, init_scale,
                    epsilon, param_dtype, rngs):
-    if init_scale not in _INIT_SCALES:
-      raise ValueError(f"unknown init_scale={init_scale!r}; valid: {list(_INIT_SCALES)}")
+    check_choice(init_scale, _INIT_SCALES, "init_scale")
     v = kernel_init(rngs.params(), kernel_shape, param_dtype)
     kernel_axes = (sharding.DENSE_KERNEL if v.ndim == 2
                    else sharding.conv_kernel(v.ndim - 2))

@@ -149,6 +149,7 @@ from jax import lax
 
 from orthojax import linalg
 from orthojax.nn import sharding
+from orthojax.nn._checks import check_choice
 from orthojax.nn._gmp import canonical_padding
 
 PARAMETRIZATIONS = ("cayley", "expm", "householder", "givens")
@@ -167,12 +168,6 @@ def _positive_int(value: Any, name: str) -> int:
   if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
     raise ValueError(f"{name} must be a positive integer, got {value!r}")
   return int(value)
-
-
-def _check_choice(value: Any, valid: Sequence[str], name: str) -> str:
-  if not isinstance(value, str) or value not in valid:
-    raise ValueError(f"unknown {name}={value!r}; valid: {list(valid)}")
-  return value
 
 
 def _num_reflections(num_reflections: int | None, parametrization: str, n: int, p: int) -> int:
@@ -196,7 +191,7 @@ def _num_reflections(num_reflections: int | None, parametrization: str, n: int, 
 
 def num_generators(parametrization: str, n: int, k: int = 0) -> tuple[int, ...]:
   """Shape of the generator for an ``n × n`` orthogonal ``Q`` (``k`` reflections)."""
-  _check_choice(parametrization, PARAMETRIZATIONS, "parametrization")
+  check_choice(parametrization, PARAMETRIZATIONS, "parametrization")
   if parametrization == "householder":
     return (k, n)
   return (n * (n - 1) // 2,)
@@ -360,7 +355,7 @@ def orthogonal_columns(parametrization: str, generator: jax.Array, signs: jax.Ar
   ``n = len(signs)``; see the module docstring for the maps and the
   generator layouts.
   """
-  _check_choice(parametrization, PARAMETRIZATIONS, "parametrization")
+  check_choice(parametrization, PARAMETRIZATIONS, "parametrization")
   return _COLUMNS[parametrization](generator, signs, p)
 
 
@@ -468,8 +463,8 @@ def initial_generator(key: jax.Array, parametrization: str, init: str, n: int, p
   Computed in at least float32. ``p`` (kept columns) and ``k`` (reflections)
   matter for Householder only.
   """
-  _check_choice(parametrization, PARAMETRIZATIONS, "parametrization")
-  _check_choice(init, INITS, "init")
+  check_choice(parametrization, PARAMETRIZATIONS, "parametrization")
+  check_choice(init, INITS, "init")
   cdtype = linalg.compute_dtype(dtype)
   if init == "identity":
     ones = jnp.ones((n,), cdtype)
@@ -499,8 +494,8 @@ class _OrthogonalBase(nnx.Module):
   def _init_params(self, fan_in: int, fan_out: int, kernel_shape: tuple[int, ...], *,
                    parametrization: str, num_reflections: int | None, init: str, gain: float,
                    learn_gain: bool, use_bias: bool, param_dtype: Any, rngs: nnx.Rngs) -> None:
-    self.parametrization = _check_choice(parametrization, PARAMETRIZATIONS, "parametrization")
-    self.init = _check_choice(init, INITS, "init")
+    self.parametrization = check_choice(parametrization, PARAMETRIZATIONS, "parametrization")
+    self.init = check_choice(init, INITS, "init")
     self.fan_in, self.fan_out = fan_in, fan_out
     self.n, self.p = max(fan_in, fan_out), min(fan_in, fan_out)
     self.num_reflections = _num_reflections(num_reflections, parametrization, self.n, self.p)
