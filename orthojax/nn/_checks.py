@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+
 
 def check_choice(value: Any, choices: Sequence[Any], argname: str, *, where: str | None = None,
                  also: str | None = None) -> Any:
@@ -42,3 +44,10 @@ def check_choice(value: Any, choices: Sequence[Any], argname: str, *, where: str
     suffix = f" or {also}" if also else ""
     raise ValueError(f"{prefix}unknown {argname}={value!r}; valid: {list(choices)}{suffix}")
   return value
+
+
+def check_positive_int(value: Any, argname: str) -> int:
+  """``value`` as an int if it is a positive integer (not a bool), else a ValueError."""
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+    raise ValueError(f"{argname} must be a positive integer, got {value!r}")
+  return int(value)

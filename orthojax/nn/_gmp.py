@@ -66,6 +66,7 @@ from flax import nnx
 from flax.nnx.nn import dtypes
 from jax import lax
 
+from orthojax.nn import _conv
 from orthojax.nn import _hyperspherical
 from orthojax.nn import sharding
 from orthojax.nn._activations import activation_fn
@@ -124,11 +125,9 @@ def _dense_contract(x, u_rows, *, precision):
   return lax.dot_general(x, u_rows, (((x.ndim - 1,), (1,)), ((), ())), precision=precision)
 
 
-def _conv_contract(x, u_rows, *, kernel_shape, strides, padding, kernel_dilation,
-                   feature_group_count, precision):
-  return conv_nd(x, u_rows.reshape(kernel_shape), strides=strides, padding=padding,
-                 kernel_dilation=kernel_dilation, feature_group_count=feature_group_count,
-                 precision=precision)
+def _conv_contract(x, u_rows, *, geometry, precision):
+  kernel_ohwi = u_rows.reshape((geometry.out_features,) + geometry.kernel_shape[:-1])
+  return _conv.conv(x, kernel_ohwi, geometry, kernel_layout="OHWI", precision=precision)
 
 
 class _GmPBase(nnx.Module):
@@ -288,52 +287,6 @@ class GmPDense(_GmPBase):
     return layer
 
 
-def _as_tuple(x: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
-  if isinstance(x, int):
-    return (x,) * n
-  x = tuple(int(v) for v in x)
-  if len(x) != n:
-    raise ValueError(f"{name}={x} must have {n} entries (one per spatial axis)")
-  return x
-
-
-def canonical_padding(padding: Any, ndim: int) -> str | list[tuple[int, int]]:
-  """``'SAME'``/``'VALID'``, an int, or one int / (low, high) pair per spatial axis."""
-  if isinstance(padding, str):
-    if padding.upper() in ("SAME", "VALID"):
-      return padding.upper()
-    raise ValueError(f"unknown padding={padding!r}; valid: 'SAME', 'VALID', an int or "
-                     "(low, high) pairs")
-  if isinstance(padding, int):
-    return [(padding, padding)] * ndim
-  pads = [(p, p) if isinstance(p, int) else tuple(p) for p in padding]
-  if len(pads) != ndim or any(len(p) != 2 for p in pads):
-    raise ValueError(f"padding={padding!r} must give one int or (low, high) pair per spatial axis")
-  return pads
-
-
-def conv_nd(x: jax.Array, kernel_ohwi: jax.Array, *, strides, padding, kernel_dilation,
-            feature_group_count: int, precision) -> jax.Array:
-  """Channels-last convolution with an ``(out, *spatial, in)`` kernel.
-
-  ``x``: ``(*batch, *spatial, in)``; leading batch axes are flattened (and a
-  missing one added) as ``nnx.Conv`` does. The ``O…I`` kernel layout is the
-  unit-major row layout of the direction matrix reshaped, so no transpose
-  is needed.
-  """
-  nd = kernel_ohwi.ndim - 2
-  batch_shape = x.shape[:x.ndim - nd - 1]
-  x = x.reshape((-1,) + x.shape[x.ndim - nd - 1:])
-  spec = (0, nd + 1) + tuple(range(1, nd + 1))
-  dn = lax.ConvDimensionNumbers(lhs_spec=spec, rhs_spec=spec, out_spec=spec)
-  y = lax.conv_general_dilated(
-      x, kernel_ohwi, window_strides=_as_tuple(strides, nd, "strides"),
-      padding=canonical_padding(padding, nd),
-      rhs_dilation=_as_tuple(kernel_dilation, nd, "kernel_dilation"),
-      dimension_numbers=dn, feature_group_count=feature_group_count, precision=precision)
-  return y.reshape(batch_shape + y.shape[1:])
-
-
 class GmPConv(_GmPBase):
   """Convolution under geometric parameterization: ``z = r ⊙ φ(conv(x, U) + λ)``.
 
@@ -354,6 +307,10 @@ class GmPConv(_GmPBase):
     feature_group_count: grouped convolution (fan-in is ``prod(k)·in/groups``).
     activation, init_direction, init_radius, use_offset, dtype, param_dtype,
     precision, rngs: as in :class:`GmPDense`.
+
+  Raises:
+    ValueError: as :class:`GmPDense`, plus bad ``kernel_size``, ``strides``,
+      ``padding``, ``kernel_dilation`` or group counts.
   """
 
   def __init__(self, in_features: int, out_features: int,
@@ -370,28 +327,17 @@ class GmPConv(_GmPBase):
                param_dtype: Any = jnp.float32,
                precision: Any = None,
                rngs: nnx.Rngs):
-    self.kernel_size = (kernel_size,) if isinstance(kernel_size, int) else tuple(kernel_size)
-    if in_features % feature_group_count:
-      raise ValueError(f"in_features={in_features} is not divisible by "
-                       f"feature_group_count={feature_group_count}")
-    canonical_padding(padding, len(self.kernel_size))  # validate early
+    _conv.set_geometry(self, _conv.conv_geometry(in_features, out_features, kernel_size, strides,
+                                                 padding, kernel_dilation, feature_group_count))
     self.activation = activation_fn(activation)
-    self.in_features = in_features
-    self.out_features = out_features
-    self.strides = strides
-    self.padding = padding
-    self.kernel_dilation = kernel_dilation
-    self.feature_group_count = feature_group_count
     self.dtype = dtype
     self.param_dtype = param_dtype
     self.precision = precision
-    kernel_shape = self.kernel_size + (in_features // feature_group_count, out_features)
-    self._contract = functools.partial(
-        _conv_contract, kernel_shape=(out_features,) + kernel_shape[:-1], strides=strides,
-        padding=padding, kernel_dilation=kernel_dilation,
-        feature_group_count=feature_group_count, precision=precision)
-    self._init_params(kernel_shape, init_direction=init_direction, init_radius=init_radius,
-                      use_offset=use_offset, param_dtype=param_dtype, rngs=rngs)
+    self._contract = functools.partial(_conv_contract, geometry=self.geometry,
+                                       precision=precision)
+    self._init_params(self.geometry.kernel_shape, init_direction=init_direction,
+                      init_radius=init_radius, use_offset=use_offset, param_dtype=param_dtype,
+                      rngs=rngs)
 
   @classmethod
   def from_dense(cls, kernel: jax.Array, bias: jax.Array | None = None, *,

@@ -45,10 +45,9 @@ from flax import nnx
 from flax.nnx.nn import dtypes
 from jax import lax
 
+from orthojax.nn import _conv
 from orthojax.nn import sharding
 from orthojax.nn._checks import check_choice
-from orthojax.nn._gmp import canonical_padding
-from orthojax.nn._gmp import conv_nd
 
 Initializer = Callable[[jax.Array, Sequence[int], Any], jax.Array]
 
@@ -274,28 +273,16 @@ class WeightNormConv(_WeightNorm):
                bias_init: Initializer = nnx.initializers.zeros,
                init_scale: str = "norm", epsilon: float = 1e-12, dtype: Any = None,
                param_dtype: Any = jnp.float32, precision: Any = None, rngs: nnx.Rngs):
-    self.kernel_size = (kernel_size,) if isinstance(kernel_size, int) else tuple(kernel_size)
-    if in_features % feature_group_count:
-      raise ValueError(f"in_features={in_features} is not divisible by "
-                       f"feature_group_count={feature_group_count}")
-    canonical_padding(padding, len(self.kernel_size))
-    self.in_features = in_features
-    self.out_features = out_features
-    self.strides = strides
-    self.padding = padding
-    self.kernel_dilation = kernel_dilation
-    self.feature_group_count = feature_group_count
+    _conv.set_geometry(self, _conv.conv_geometry(in_features, out_features, kernel_size, strides,
+                                                 padding, kernel_dilation, feature_group_count))
     self.dtype = dtype
     self.precision = precision
-    shape = self.kernel_size + (in_features // feature_group_count, out_features)
-    self._init_params(shape, use_bias=use_bias, kernel_init=kernel_init, bias_init=bias_init,
-                      init_scale=init_scale, epsilon=epsilon, param_dtype=param_dtype, rngs=rngs)
+    self._init_params(self.geometry.kernel_shape, use_bias=use_bias, kernel_init=kernel_init,
+                      bias_init=bias_init, init_scale=init_scale, epsilon=epsilon,
+                      param_dtype=param_dtype, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     bias = self.bias[...] if self.bias is not None else None
     x, w, bias = dtypes.promote_dtype((x, self.effective_kernel(), bias), dtype=self.dtype)
-    w_ohwi = jnp.moveaxis(w, -1, 0)  # (*k, in, out) -> (out, *k, in) for conv_nd
-    y = conv_nd(x, w_ohwi, strides=self.strides, padding=self.padding,
-                kernel_dilation=self.kernel_dilation,
-                feature_group_count=self.feature_group_count, precision=self.precision)
+    y = _conv.conv(x, w, self.geometry, precision=self.precision)
     return y + bias if bias is not None else y

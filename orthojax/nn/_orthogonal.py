@@ -148,9 +148,10 @@ from flax.nnx.nn import dtypes
 from jax import lax
 
 from orthojax import linalg
+from orthojax.nn import _conv
 from orthojax.nn import sharding
 from orthojax.nn._checks import check_choice
-from orthojax.nn._gmp import canonical_padding
+from orthojax.nn._checks import check_positive_int
 
 PARAMETRIZATIONS = ("cayley", "expm", "householder", "givens")
 """Accepted ``parametrization`` names."""
@@ -164,12 +165,6 @@ _REPLICATED1 = (None,)
 # ----------------------------------------------------------------- validation
 
 
-def _positive_int(value: Any, name: str) -> int:
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(f"{name} must be a positive integer, got {value!r}")
-  return int(value)
-
-
 def _num_reflections(num_reflections: int | None, parametrization: str, n: int, p: int) -> int:
   if parametrization != "householder":
     if num_reflections is not None:
@@ -179,7 +174,7 @@ def _num_reflections(num_reflections: int | None, parametrization: str, n: int, 
     return 0
   if num_reflections is None:
     return p
-  k = _positive_int(num_reflections, "num_reflections")
+  k = check_positive_int(num_reflections, "num_reflections")
   if k > n:
     raise ValueError(f"num_reflections={k} exceeds n = max(fan_in, fan_out) = {n}: products of "
                      "more than n reflections add nothing (Cartan–Dieudonné)")
@@ -579,8 +574,8 @@ class OrthogonalDense(_OrthogonalBase):
                param_dtype: Any = jnp.float32,
                precision: Any = None,
                rngs: nnx.Rngs):
-    self.in_features = _positive_int(in_features, "in_features")
-    self.out_features = _positive_int(out_features, "out_features")
+    self.in_features = check_positive_int(in_features, "in_features")
+    self.out_features = check_positive_int(out_features, "out_features")
     self.dtype = dtype
     self.precision = precision
     self._init_params(self.in_features, self.out_features,
@@ -595,13 +590,6 @@ class OrthogonalDense(_OrthogonalBase):
     x, kernel, bias = dtypes.promote_dtype((x, self.kernel(), bias), dtype=self.dtype)
     y = lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), precision=self.precision)
     return y if bias is None else y + bias
-
-
-def _as_tuple(value: int | Sequence[int], nd: int, name: str) -> tuple[int, ...]:
-  values = (value,) * nd if isinstance(value, (int, np.integer)) else tuple(value)
-  if len(values) != nd:
-    raise ValueError(f"{name}={value!r} must have {nd} entries (one per spatial axis)")
-  return tuple(_positive_int(v, name) for v in values)
 
 
 class OrthogonalConv(_OrthogonalBase):
@@ -646,48 +634,18 @@ class OrthogonalConv(_OrthogonalBase):
                param_dtype: Any = jnp.float32,
                precision: Any = None,
                rngs: nnx.Rngs):
-    self.in_features = _positive_int(in_features, "in_features")
-    self.out_features = _positive_int(out_features, "out_features")
-    if isinstance(kernel_size, (int, np.integer)):
-      kernel_size = (kernel_size,)
-    self.kernel_size = tuple(kernel_size)
-    nd = len(self.kernel_size)
-    if nd not in (1, 2, 3):
-      raise ValueError(f"kernel_size={kernel_size!r} must have 1, 2 or 3 spatial entries")
-    _as_tuple(self.kernel_size, nd, "kernel_size")
-    self.strides = _as_tuple(strides, nd, "strides")
-    self.kernel_dilation = _as_tuple(kernel_dilation, nd, "kernel_dilation")
-    self.padding = canonical_padding(padding, nd)
-    self.feature_group_count = _positive_int(feature_group_count, "feature_group_count")
-    if self.in_features % self.feature_group_count or \
-        self.out_features % self.feature_group_count:
-      raise ValueError(f"in_features={in_features} and out_features={out_features} must be "
-                       f"divisible by feature_group_count={feature_group_count}")
+    _conv.set_geometry(self, _conv.conv_geometry(in_features, out_features, kernel_size, strides,
+                                                 padding, kernel_dilation, feature_group_count))
     self.dtype = dtype
     self.precision = precision
-    cin = self.in_features // self.feature_group_count
-    self._init_params(math.prod(self.kernel_size) * cin, self.out_features,
-                      self.kernel_size + (cin, self.out_features),
+    self._init_params(self.geometry.fan_in, self.out_features, self.geometry.kernel_shape,
                       parametrization=parametrization, num_reflections=num_reflections,
                       init=init, gain=gain, learn_gain=learn_gain, use_bias=use_bias,
                       param_dtype=param_dtype, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """``conv(x, W) + b``, channels-last, as ``nnx.Conv``."""
-    nd = len(self.kernel_size)
-    if x.ndim < nd + 1:
-      raise ValueError(f"input of shape {x.shape} has fewer than {nd} spatial axes + channels")
     bias = self.bias[...] if self.bias is not None else None
     x, kernel, bias = dtypes.promote_dtype((x, self.kernel(), bias), dtype=self.dtype)
-    batch_shape = x.shape[:x.ndim - nd - 1]
-    x = x.reshape((-1,) + x.shape[x.ndim - nd - 1:])
-    lhs = (0, nd + 1) + tuple(range(1, nd + 1))
-    rhs = (nd + 1, nd) + tuple(range(nd))
-    y = lax.conv_general_dilated(
-        x, kernel, window_strides=self.strides, padding=self.padding,
-        rhs_dilation=self.kernel_dilation,
-        dimension_numbers=lax.ConvDimensionNumbers(lhs, rhs, lhs),
-        feature_group_count=self.feature_group_count, precision=self.precision)
-    if bias is not None:
-      y = y + bias
-    return y.reshape(batch_shape + y.shape[1:])
+    y = _conv.conv(x, kernel, self.geometry, precision=self.precision)
+    return y if bias is None else y + bias
