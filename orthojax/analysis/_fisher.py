@@ -5,8 +5,8 @@ to ``P`` numbers), a batch ``x_1 … x_B``, outputs ``z_i = f(θ, x_i) ∈ R^C``
 (logits for cross entropy, predictions for MSE) and the per-example
 parameter Jacobians ``J_i = ∂z_i/∂θ`` (``C × P``).
 
-* Gauss–Newton / true Fisher (``kind="gauss_newton"``; seed
-  information_geometry eq. 6–8, Martens 2020)::
+* Gauss–Newton / true Fisher (``kind="gauss_newton"``; Sokol
+  & Park 2020, eq. 6–8; Martens 2020)::
 
       G = (1/B) Σ_i J_iᵀ H_i J_i,
 
@@ -33,8 +33,7 @@ for Lanczos, a Gram–Schmidt sweep over the stored ``steps × P`` basis).
 
 References:
   Sokol & Park, "Information geometry of orthogonal initializations and
-  training", ICLR 2020 (seed information_geometry_orthogonal_init: the
-  Fisher, its λ_max vs σ_max(J)).
+  training", ICLR 2020 (the Fisher, its λ_max vs σ_max(J)).
   J. Martens, "New insights and perspectives on the natural gradient
   method", JMLR 21, 2020 (Gauss–Newton = Fisher for canonical links).
   F. Kunstner, P. Hennig, L. Balles, "Limitations of the empirical Fisher

@@ -37,7 +37,7 @@ References:
   Pennington, Schoenholz & Ganguli, "Resurrecting the sigmoid in deep
   learning through dynamical isometry: theory and practice", NeurIPS 2017.
   Sokol & Park, "Information geometry of orthogonal initializations and
-  training", ICLR 2020 (seed information_geometry_orthogonal_init).
+  training", ICLR 2020.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-r"""Deep linear networks (Saxe, McClelland & Ganguli 2014; experiment E7).
+r"""Deep linear networks (Saxe, McClelland & Ganguli 2014).
 
 ``y = x W_1 W_2 ⋯ W_D`` — ``D = depth`` bias-free linear layers, no
 nonlinearity. The end-to-end map is linear, but gradient descent on the
 factors has the nonlinear learning dynamics Saxe et al. solve exactly: with
 orthogonal (isometric) initialisation the time to learn is independent of
-depth, with scaled Gaussian initialisation it grows with depth (E7).
+depth, with scaled Gaussian initialisation it grows with depth (Saxe et al. 2014).
 
 Layers: an optional input kernel ``(in_features, width)`` (when
 ``in_features`` is given and differs from ``width``), a stack of square

@@ -1,4 +1,4 @@
-r"""Deep critical fully connected networks with scanned layers (experiment E5).
+r"""Deep critical fully connected networks with scanned layers (Sokol & Park 2020).
 
 The network of Pennington, Schoenholz & Ganguli (2017) and Sokol & Park
 (2020), for inputs ``x⁰ = x`` (row vectors, Flax's ``x @ W`` layout)::
@@ -23,7 +23,7 @@ given ``(φ, q*)``, :func:`orthojax.nn.initializers.critical` returns the
 the same ``(σ_w, σ_b)``: ``h¹`` has variance ``q*`` when the inputs have mean
 square ``E[φ(√q* h)²] = (q* − σ_b²)/σ_w²`` per entry.
 
-Manifold weights (Sokol & Park, seed A.6.3). With ``weights="stiefel"`` or
+Manifold weights (Sokol & Park 2020, Appendix A.6.3). With ``weights="stiefel"`` or
 ``"oblique"`` the input and hidden kernels are ``W = s · V``: ``V`` a
 :class:`~orthojax.nn.StiefelParam` / :class:`~orthojax.nn.ObliqueParam`
 (trained by a Riemannian optimizer through :func:`orthojax.optim.partition`)
@@ -52,7 +52,7 @@ References:
   Pennington, Schoenholz & Ganguli, "Resurrecting the sigmoid in deep
   learning through dynamical isometry: theory and practice", NeurIPS 2017.
   Sokol & Park, "Information geometry of orthogonal initializations and
-  training", ICLR 2020 (seed information_geometry_orthogonal_init).
+  training", ICLR 2020.
 """
 
 from __future__ import annotations
@@ -166,8 +166,8 @@ class DeepMLP(nnx.Module):
 
   Args:
     in_features: input size (CIFAR-10 flattened: 3072).
-    depth: number of hidden ``width → width`` layers, ``≥ 1`` (E5: 200).
-    width: hidden width (E5: 400).
+    depth: number of hidden ``width → width`` layers, ``≥ 1`` (Sokol & Park: 200).
+    width: hidden width (Sokol & Park: 400).
     out_features: number of outputs (classes).
     activation: a name in :data:`orthojax.nn.ACTIVATIONS` (``"tanh"``,
       ``"hard_tanh"``, ``"erf"``, ``"relu"``, ``"linear"`` …), an

@@ -1,4 +1,4 @@
-r"""A many-to-one vanilla RNN for sequential MNIST (experiment E6).
+r"""A many-to-one vanilla RNN for sequential MNIST (Hlav's gain-adjusted regulariser experiments).
 
 For an input sequence ``x_1, …, x_T`` (rows ``(batch, input_size)``)::
 
@@ -9,8 +9,8 @@ pixel-wise task compiles one step body; the input projection ``x_t W_in + b``
 of all steps is one matmul before the scan.
 
 The recurrent kernel ``W_rec`` (attribute ``recurrent_kernel``, matrix view
-``(fan_in, fan_out) = (hidden, hidden)``) is what the E6 variants change
-(Hlav's dynamical-isometry seed; Vorontsov et al. 2017):
+``(fan_in, fan_out) = (hidden, hidden)``) is what the variants change
+(Hlav's note, see References; Vorontsov et al. 2017):
 
 * ``recurrent_init="glorot"``: ``gain · U(±√(6/(2·hidden)))``, i.e.
   ``jax.nn.initializers.glorot_uniform`` (Keras' default) times ``gain``;
@@ -28,7 +28,7 @@ which includes the Stiefel gain).
 
 The input kernel is Glorot-uniform and the bias zero; the classifier is an
 ``nnx.Linear`` with a Glorot-uniform kernel and zero bias (Keras' defaults
-for ``SimpleRNN`` and ``Dense``, the seed's setup).
+for ``SimpleRNN`` and ``Dense``, Hlav's setup).
 
 References:
   Vorontsov, Trabelsi, Kadoury & Pal, "On orthogonality and learning
@@ -70,7 +70,7 @@ class SequenceRNN(nnx.Module):
 
   Args:
     input_size: features per time step (28 row-wise, 1 pixel-wise).
-    hidden: hidden units (E6: 64).
+    hidden: hidden units (Hlav: 64).
     num_classes: number of classes.
     recurrent_init: ``"glorot"`` or ``"orthogonal"``.
     gain: multiplies the initial recurrent kernel (both inits).

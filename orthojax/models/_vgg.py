@@ -1,4 +1,4 @@
-"""VGG-6 for 32×32 images (ImageNet32), the GmP paper's ablation network (E2).
+"""VGG-6 for 32×32 images (ImageNet32), the GmP paper's ablation network (Table 2).
 
 Six 3×3 conv units in three VGG blocks (Simonyan & Zisserman 2014 style),
 global average pooling and a dense classifier:

@@ -28,7 +28,7 @@ Example::
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
 
 :class:`ManifoldLinear` adds Sokol & Park's learnable isotropic scale in front
-of such a weight (``W = s · V``, seed A.6.3).
+of such a weight (``W = s · V``; Sokol & Park, ICLR 2020, Appendix A.6.3).
 
 Sharding: the usual ``out_sharding`` metadata (``nnx.with_partitioning``)
 works on these types as on any ``nnx.Param``.
@@ -138,7 +138,7 @@ def matrix_views(tree: Any, wrt: Any = nnx.Param) -> Any:
 class ManifoldLinear(nnx.Module):
   """``y = s · (x V) + b`` with ``V`` on the Stiefel or oblique manifold.
 
-  Sokol & Park's parameterization of a Dense layer (seed A.6.3): the kernel
+  Sokol & Park's parameterization of a Dense layer (Sokol & Park 2020, Appendix A.6.3): the kernel
   ``V`` is a :class:`StiefelParam` / :class:`ObliqueParam`, initialised as a
   uniformly random manifold point (Haar-orthogonal / uniform unit columns),
   and an isotropic Euclidean scale ``s`` sits in front. With

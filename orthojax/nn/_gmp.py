@@ -38,7 +38,7 @@ Parameters (per output unit j):
   ``nnx.Variable``, not trained — a sign cannot move continuously, as in the
   paper's 1-D units with θ ∈ {0, π}) drawn from the init sample.
 
-Initialization (paper §4.3 and SPEC): the direction is that of a random
+Initialization (GmP paper §4.3 and its released code): the direction is that of a random
 kernel sample (so uniform on the sphere for a Gaussian sample, whatever its
 variance), ``λ = 0``, and ``r = 1`` (``init_radius="one"``, the paper) or
 ``r = ‖w‖`` of that sample (``"norm"``, the released code).

@@ -8,11 +8,12 @@ alternative to :class:`orthojax.nn.StiefelParam` + a Riemannian optimizer:
 it pays the map θ ↦ Q per forward/backward pass instead of a retraction per
 optimizer step.
 
-Shapes (DESIGN's one convention): the kernel's matrix view is
-``(fan_in, fan_out)`` — Dense ``(in, out)``; Conv ``(*kernel_size, cin, cout)``
-→ ``(prod(kernel_size)·cin, cout)``. With ``n = max(fan_in, fan_out)`` and
-``p = min(fan_in, fan_out)`` the layer builds the first ``p`` columns of an
-``n × n`` orthogonal ``Q`` and uses them on the tall side: the view is
+Shapes (the matrix-view convention of :mod:`orthojax.linalg`): the kernel's
+matrix view is ``(fan_in, fan_out)`` — Dense ``(in, out)``; Conv
+``(*kernel_size, cin, cout)`` → ``(prod(kernel_size)·cin, cout)``. With
+``n = max(fan_in, fan_out)`` and ``p = min(fan_in, fan_out)`` the layer
+builds the first ``p`` columns of an ``n × n`` orthogonal ``Q`` and uses them
+on the tall side: the view is
 ``Q[:, :p]`` (orthonormal *columns*, ``WᵀW = g² I``) when ``fan_in ≥ fan_out``
 and ``Q[:, :p]ᵀ`` (orthonormal *rows*, ``WWᵀ = g² I``) otherwise.
 
