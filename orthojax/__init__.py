@@ -1,7 +1,8 @@
 """orthojax: orthogonality in neural networks for JAX, Flax and Optax.
 
 Layers (imports only point down): ``linalg`` -> ``manifolds`` -> ``penalties``
-and ``optim`` -> ``nn`` -> ``models`` / ``analysis`` -> ``train``.
+and ``optim`` -> ``nn`` -> ``analysis`` -> ``models`` -> ``train``. Nothing in
+the library imports ``train`` or the experiments.
 """
 
 from orthojax import linalg

@@ -5,8 +5,8 @@ to ``P`` numbers), a batch ``x_1 … x_B``, outputs ``z_i = f(θ, x_i) ∈ R^C``
 (logits for cross entropy, predictions for MSE) and the per-example
 parameter Jacobians ``J_i = ∂z_i/∂θ`` (``C × P``).
 
-* Gauss–Newton / true Fisher (``kind="gauss_newton"``; seed
-  information_geometry eq. 6–8, Martens 2020)::
+* Gauss–Newton / true Fisher (``kind="gauss_newton"``; Sokol
+  & Park 2020, eq. 6–8; Martens 2020)::
 
       G = (1/B) Σ_i J_iᵀ H_i J_i,
 
@@ -33,8 +33,7 @@ for Lanczos, a Gram–Schmidt sweep over the stored ``steps × P`` basis).
 
 References:
   Sokol & Park, "Information geometry of orthogonal initializations and
-  training", ICLR 2020 (seed information_geometry_orthogonal_init: the
-  Fisher, its λ_max vs σ_max(J)).
+  training", ICLR 2020 (the Fisher, its λ_max vs σ_max(J)).
   J. Martens, "New insights and perspectives on the natural gradient
   method", JMLR 21, 2020 (Gauss–Newton = Fisher for canonical links).
   F. Kunstner, P. Hennig, L. Balles, "Limitations of the empirical Fisher
@@ -51,17 +50,13 @@ from jax.flatten_util import ravel_pytree
 
 from orthojax.analysis import _lanczos
 from orthojax.analysis._compile import compiled
+from orthojax.nn import check_choice
 
 LOSSES = ("cross_entropy", "mse")
 KINDS = ("gauss_newton", "empirical")
 METHODS = ("lanczos", "power")
 
 ApplyFn = Callable[[Any, Any], jax.Array]
-
-
-def _choice(who, what, value, choices):
-  if value not in choices:
-    raise ValueError(f"{who}: {what} must be one of {', '.join(choices)}, got {value!r}")
 
 
 def _batch_size(x: Any, who: str) -> int:
@@ -88,7 +83,7 @@ def per_example_loss(outputs: jax.Array, y: Any, loss: str) -> jax.Array:
   Raises:
     ValueError: unknown ``loss``, or label shapes that do not fit.
   """
-  _choice("per_example_loss", "loss", loss, LOSSES)
+  check_choice(loss, LOSSES, "loss", where="per_example_loss")
   outputs = jnp.asarray(outputs)
   y = jnp.asarray(y)
   if loss == "mse":
@@ -145,8 +140,8 @@ def fisher_matvec(apply_fn: ApplyFn, params: Any, x: Any, y: Any = None, *,
     ValueError: unknown ``loss``/``kind``, missing labels, no batch axis.
   """
   who = "fisher_matvec"
-  _choice(who, "loss", loss, LOSSES)
-  _choice(who, "kind", kind, KINDS)
+  check_choice(loss, LOSSES, "loss", where=who)
+  check_choice(kind, KINDS, "kind", where=who)
   batch = _batch_size(x, who)
   flat, unravel = ravel_pytree(params)
   if flat.size == 0:
@@ -232,7 +227,7 @@ def fisher_max_eigenvalue(apply_fn: ApplyFn, params: Any, x: Any, y: Any = None,
     Kunstner, Hennig & Balles 2019.
   """
   who = "fisher_max_eigenvalue"
-  _choice(who, "method", method, METHODS)
+  check_choice(method, METHODS, "method", where=who)
   matvec, dim, unravel = fisher_matvec(apply_fn, params, x, y, loss=loss, kind=kind)
   dtype = ravel_pytree(params)[0].dtype
   if method == "lanczos":

@@ -37,7 +37,7 @@ References:
   Pennington, Schoenholz & Ganguli, "Resurrecting the sigmoid in deep
   learning through dynamical isometry: theory and practice", NeurIPS 2017.
   Sokol & Park, "Information geometry of orthogonal initializations and
-  training", ICLR 2020 (seed information_geometry_orthogonal_init).
+  training", ICLR 2020.
 """
 
 from __future__ import annotations
@@ -47,13 +47,12 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from orthojax.analysis import _lanczos
 from orthojax.analysis._compile import compiled
 from orthojax.analysis._model import model_function
-from orthojax.models import DeepMLP
+from orthojax.nn import check_choice
 
 METHODS = ("exact", "lanczos")
 
@@ -119,11 +118,6 @@ def gram_operator(f: Callable, x: jax.Array) -> tuple[Callable[[jax.Array], jax.
   return (lambda u: jvp(vjp(u)[0])), m, "JJt"
 
 
-def _check_method(method, who):
-  if method not in METHODS:
-    raise ValueError(f"{who}: method must be one of {', '.join(METHODS)}, got {method!r}")
-
-
 @compiled("x", "key")
 def jacobian_singular_values(
     f: Callable | nnx.Module,
@@ -186,8 +180,8 @@ def jacobian_singular_values(
     Pennington, Schoenholz & Ganguli 2017; Sokol & Park 2020.
   """
   who = "jacobian_singular_values"
-  _check_method(method, who)
-  _lanczos._check_which(which, who)
+  check_choice(method, METHODS, "method", where=who)
+  check_choice(which, _lanczos.WHICH, "which", where=who)
   if isinstance(f, nnx.Module):
     f, batched = model_function(f), True
   elif not callable(f):
@@ -238,29 +232,17 @@ def jacobian_singular_values(
                           None if small is None else mean(small), iters, ok)
 
 
-def deep_mlp_hidden_map(model: DeepMLP, from_layer: int = 1,
+def deep_mlp_hidden_map(model: Any, from_layer: int = 1,
                         to_layer: int | None = None) -> Callable[[jax.Array], jax.Array]:
   r"""``h^a ↦ h^b`` of a :class:`~orthojax.models.DeepMLP`, for Jacobians between layers.
 
-  With the model's numbering (row vectors, ``x⁰`` the input)::
-
-      h¹ = x⁰ W⁰ + b⁰,    h^{l+1} = φ(h^l) W^l + b^l   (l = 1 … L, L = depth),
-
-  the returned function maps the pre-activations ``h^a`` (``a = from_layer``;
-  ``a = 0`` means the input ``x⁰``) to ``h^b`` (``b = to_layer``, default
-  ``L + 1``, the last hidden pre-activation), applying the hidden kernels
-  ``W^a … W^{b−1}`` with ``jax.lax.scan``. Its Jacobian ``∂h^b/∂h^a``
-  (output × input) is ``J_{h^a}^{h^b} = (D_a W^a D_{a+1} W^{a+1} ⋯ D_{b−1}
-  W^{b−1})ᵀ`` with ``D_l = diag φ'(h^l)`` — the column-convention product
-  ``∏ W^lᵀ D_l`` — as in Sokol & Park's ``J_{h¹}^{h^L}``. Manifold scales
-  ``s`` are applied (effective kernels).
-
-  The function works on one example ``(width,)`` or on any leading batch
-  axes. It closes over the model's current arrays; build it inside
-  ``jax.jit`` (from a traced ``nnx.merge``) to keep them traced.
+  The map is :meth:`orthojax.models.DeepMLP.hidden_map` (its docstring has
+  the layer numbering and the Jacobian ``J_{h^a}^{h^b} = ∏ W^lᵀ D_l``);
+  analysis sits below models, so this entry point takes any model with such
+  a method instead of importing the model class.
 
   Args:
-    model: a :class:`~orthojax.models.DeepMLP`.
+    model: a :class:`~orthojax.models.DeepMLP` (anything with ``hidden_map``).
     from_layer: ``a``, ``0 ≤ a ≤ L``.
     to_layer: ``b``, ``a < b ≤ L + 1`` (default ``L + 1``).
 
@@ -268,36 +250,11 @@ def deep_mlp_hidden_map(model: DeepMLP, from_layer: int = 1,
     ``f(h_a) -> h_b``.
 
   Raises:
-    TypeError: ``model`` is not a DeepMLP.
+    TypeError: ``model`` has no ``hidden_map`` (is not a DeepMLP).
     ValueError: layers out of range.
   """
-  if not isinstance(model, DeepMLP):
-    raise TypeError(f"deep_mlp_hidden_map: model must be an orthojax.models.DeepMLP, "
-                    f"got {type(model).__name__}")
-  depth = model.depth
-  to_layer = depth + 1 if to_layer is None else to_layer
-  for name, v in (("from_layer", from_layer), ("to_layer", to_layer)):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-      raise TypeError(f"deep_mlp_hidden_map: {name} must be an int, got {v!r}")
-  if not 0 <= from_layer < to_layer <= depth + 1:
-    raise ValueError(f"deep_mlp_hidden_map: need 0 <= from_layer < to_layer <= depth + 1 = "
-                     f"{depth + 1}, got from_layer={from_layer}, to_layer={to_layer}")
-  w_in, w = model.effective_kernels()
-  b_in, b = model.in_bias[...], model.biases[...]
-  act = model.activation
-  start = max(from_layer, 1)
-  w_stack, b_stack = w[start - 1:to_layer - 1], b[start - 1:to_layer - 1]
-
-  def layer(h, params):
-    w_l, b_l = params
-    return act(h) @ w_l + b_l, None
-
-  def f(h):
-    h = jnp.asarray(h)
-    if from_layer == 0:
-      h = h @ w_in + b_in
-    if w_stack.shape[0] == 0:
-      return h
-    return jax.lax.scan(layer, h, (w_stack, b_stack))[0]
-
-  return f
+  hidden_map = getattr(model, "hidden_map", None)
+  if not callable(hidden_map):
+    raise TypeError(f"deep_mlp_hidden_map: model must be an orthojax.models.DeepMLP (a model "
+                    f"with a hidden_map method), got {type(model).__name__}")
+  return hidden_map(from_layer, to_layer)

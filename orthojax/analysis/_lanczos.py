@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from orthojax.analysis._compile import compiled
+from orthojax.nn import check_choice
 
 Matvec = Callable[[jax.Array], jax.Array]
 WHICH = ("largest", "smallest", "both")
@@ -77,12 +78,6 @@ def _check_iters(num_iters: Any, dim: int, who: str, what: str = "num_iters") ->
     raise ValueError(f"{who}: {what} must be in [1, dim={dim}] (a Krylov space of an operator "
                      f"of size {dim} has at most {dim} dimensions), got {num_iters}")
   return int(num_iters)
-
-
-def _check_which(which: str, who: str) -> str:
-  if which not in WHICH:
-    raise ValueError(f"{who}: which must be one of {', '.join(WHICH)}, got {which!r}")
-  return which
 
 
 def _check_k(k: Any, dim: int, who: str) -> int:
@@ -410,7 +405,7 @@ def top_eigenvalues(matvec: Matvec, dim: int, k: int = 1, *, which: str = "large
   who = "top_eigenvalues"
   dim = _check_dim(dim, who)
   k = _check_k(k, dim, who)
-  which = _check_which(which, who)
+  which = check_choice(which, WHICH, "which", where=who)
   tol = _check_tol(tol, who)
   if max_iters is None:
     max_iters = min(dim, max(2 * k + 40, 4 * k))

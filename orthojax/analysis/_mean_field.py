@@ -53,6 +53,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from orthojax.nn import check_choice
 from orthojax.nn.initializers import critical_point
 from orthojax.nn.initializers import gaussian_expectation
 from orthojax.nn.initializers import q_map
@@ -177,8 +178,7 @@ def jacobian_spectrum_moments(activation, depth: int, *, weights: str = "orthogo
     Pennington, Schoenholz & Ganguli, NeurIPS 2017, eq. (13)–(17) and Table 1.
   """
   who = "jacobian_spectrum_moments"
-  if weights not in WEIGHTS:
-    raise ValueError(f"{who}: weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+  check_choice(weights, WEIGHTS, "weights", where=who)
   if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 1:
     raise ValueError(f"{who}: depth must be an int >= 1, got {depth!r}")
   act = resolve_activation(activation)

@@ -11,8 +11,8 @@ while the Gauss–Newton / Fisher matrix under MSE (``H = I``, see
 
     G = (1/B) Σ_i J_iᵀ J_i = (1/B) JᵀJ      (P × P).
 
-``J Jᵀ`` and ``JᵀJ`` share their non-zero eigenvalues (seed
-information_geometry A.7, eq. 48–49, which writes the sum without the
+``J Jᵀ`` and ``JᵀJ`` share their non-zero eigenvalues (Sokol
+& Park 2020, Appendix A.7, eq. 48–49, which writes the sum without the
 ``1/B``), so with orthojax's batch-*averaged* Fisher::
 
     λ_k(G) = λ_k(Θ) / B     for every non-zero eigenvalue,

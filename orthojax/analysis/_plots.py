@@ -8,12 +8,12 @@ suffix: ``.png``, ``.pdf``, ``.svg``; parent directories are created) and
 returns the path.
 
 References:
-  Hlav, "Dynamical isometry and a gain-adjusted orthogonal regularizer"
-  (seed dynamical_isometry_gain_adjusted_regularizer, Figure 7: recurrent
-  kernel singular values during training, mean ± std band).
+  Ester Hlav, "Dynamic isometry as a consequence of weight orthogonality
+  for faster and better convergence" (Columbia University), Figure 7
+  (recurrent kernel singular values during training, mean ± std band).
   Pennington, Schoenholz & Ganguli, NeurIPS 2017 (Jacobian spectra).
-  Sokol & Park, ICLR 2020 (seed information_geometry, Figure 2:
-  λ_max(FIM) against σ_max²(J), Pearson ρ).
+  Sokol & Park, ICLR 2020 (Figure 2: λ_max(FIM) against σ_max²(J),
+  Pearson ρ).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def plot_singular_value_bands(records: Mapping[str, Any], path: str | os.PathLik
                               leaf: str | None = None, x_key: str = "epoch",
                               title: str | None = None, ncols: int | None = None,
                               ylabel: str = "singular value", sharey: bool = True) -> str:
-  r"""Singular values over training, one panel per variant (seed Figure 7 style).
+  r"""Singular values over training, one panel per variant (Hlav's Figure 7 style).
 
   Each panel shows the mean singular value as a line, the band
   ``mean ± std`` shaded, and the minimum and maximum as dashed lines,
@@ -215,7 +215,7 @@ def plot_fisher_vs_jacobian(lambda_max: Any, sigma_max: Any, path: str | os.Path
                             log: bool = False) -> tuple[str, float]:
   r"""Scatter of ``λ_max(FIM)`` against ``σ_max(J)²`` with Pearson ``ρ`` in the title.
 
-  The seed's Figure 2 (Sokol & Park 2020): at initialisation ``λ_max`` of
+  Figure 2 of Sokol & Park 2020: at initialisation ``λ_max`` of
   the Fisher tracks the squared largest Jacobian singular value (paper:
   ``ρ = 0.64`` cross entropy, ``0.81`` MSE). ``ρ`` is computed on
   ``(σ_max², λ_max)`` as plotted (linear scale, whatever ``log``).

@@ -13,13 +13,13 @@ kernel ``(kh, kw, cin, cout)`` as ``(kh·kw·cin, cout)``, a scanned stack
     defect             = ‖VᵀV − I_p‖_F             (0 iff V has orthonormal columns)
     defect_normalized  = ‖VᵀV / g² − I_p‖_F        (0 iff V = g · orthonormal)
 
-so a gain-adjusted orthogonal matrix ``g Q`` (seed dynamical_isometry) has
+so a gain-adjusted orthogonal matrix ``g Q`` (Hlav's gain-adjusted init) has
 ``sv_mean = sv_min = sv_max = g``, ``sv_std = 0``, ``defect_normalized = 0``.
 
 A stacked leaf (batch axes in its view) is reduced per matrix, then over
 the stack: the distribution statistics (``sv_mean``, ``sv_std``, ``sv_min``,
 ``sv_max``, ``gain``) are those of all the stack's singular values pooled —
-the band of the dynamical_isometry seed's Figure 7 — while ``cond``,
+the band of Hlav's Figure 7 — while ``cond``,
 ``defect`` and ``defect_normalized`` are the worst (largest) over the
 stack. ``per_matrix=True`` also returns each per-matrix statistic as an
 array over the stack.
@@ -29,8 +29,8 @@ Gram matrices at ``Precision.HIGHEST``; singular values by
 ``jnp.linalg.svd(compute_uv=False)``.
 
 References:
-  Hlav, "Dynamical isometry and a gain-adjusted orthogonal regularizer"
-  (seed dynamical_isometry_gain_adjusted_regularizer, Figure 7).
+  Ester Hlav, "Dynamic isometry as a consequence of weight orthogonality
+  for faster and better convergence" (Columbia University), Figure 7.
   Pennington, Schoenholz & Ganguli 2017 (dynamical isometry).
 """
 

@@ -1,10 +1,10 @@
-r"""Deep linear networks (Saxe, McClelland & Ganguli 2014; experiment E7).
+r"""Deep linear networks (Saxe, McClelland & Ganguli 2014).
 
 ``y = x W_1 W_2 ⋯ W_D`` — ``D = depth`` bias-free linear layers, no
 nonlinearity. The end-to-end map is linear, but gradient descent on the
 factors has the nonlinear learning dynamics Saxe et al. solve exactly: with
 orthogonal (isometric) initialisation the time to learn is independent of
-depth, with scaled Gaussian initialisation it grows with depth (E7).
+depth, with scaled Gaussian initialisation it grows with depth (Saxe et al. 2014).
 
 Layers: an optional input kernel ``(in_features, width)`` (when
 ``in_features`` is given and differs from ``width``), a stack of square
@@ -39,9 +39,9 @@ from flax.nnx.nn import dtypes
 
 from orthojax.linalg import MatrixView
 from orthojax.models._deep_mlp import INITS
-from orthojax.models._deep_mlp import check_choice
-from orthojax.nn import _sharding
+from orthojax.nn import check_choice
 from orthojax.nn import initializers
+from orthojax.nn import sharding
 
 
 class DeepLinear(nnx.Module):
@@ -72,7 +72,7 @@ class DeepLinear(nnx.Module):
   def __init__(self, depth: int, width: int, in_features: int | None = None,
                out_features: int | None = None, *, init: str = "gaussian", scale: float = 1.0,
                dtype: Any = None, param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
-    check_choice("DeepLinear", "init", init, INITS)
+    check_choice(init, INITS, "init", where="DeepLinear")
     depth, width = int(depth), int(width)
     has_in = in_features is not None and int(in_features) != width
     has_out = out_features is not None and int(out_features) != width
@@ -88,14 +88,14 @@ class DeepLinear(nnx.Module):
         return initializers.orthogonal(self.scale, view)
       return initializers.gaussian(self.scale, view)
 
-    meta = _sharding.metadata(_sharding.DENSE_KERNEL)
+    meta = sharding.metadata(sharding.DENSE_KERNEL)
     self.in_kernel = (nnx.Param(make(None)(rngs.params(), (int(in_features), width), param_dtype),
                                 **meta) if has_in else None)
     n = depth - has_in - has_out
     self.kernels = nnx.Param(
         make(MatrixView.stacked())(rngs.params(), (n, width, width), param_dtype),
         matrix_view=MatrixView.stacked(),
-        **_sharding.metadata(_sharding.stacked(_sharding.DENSE_KERNEL))) if n else None
+        **sharding.metadata(sharding.stacked(sharding.DENSE_KERNEL))) if n else None
     self.out_kernel = (nnx.Param(make(None)(rngs.params(), (width, int(out_features)),
                                             param_dtype), **meta) if has_out else None)
 

@@ -1,4 +1,4 @@
-r"""Deep critical fully connected networks with scanned layers (experiment E5).
+r"""Deep critical fully connected networks with scanned layers (Sokol & Park 2020).
 
 The network of Pennington, Schoenholz & Ganguli (2017) and Sokol & Park
 (2020), for inputs ``x⁰ = x`` (row vectors, Flax's ``x @ W`` layout)::
@@ -23,7 +23,7 @@ given ``(φ, q*)``, :func:`orthojax.nn.initializers.critical` returns the
 the same ``(σ_w, σ_b)``: ``h¹`` has variance ``q*`` when the inputs have mean
 square ``E[φ(√q* h)²] = (q* − σ_b²)/σ_w²`` per entry.
 
-Manifold weights (Sokol & Park, seed A.6.3). With ``weights="stiefel"`` or
+Manifold weights (Sokol & Park 2020, Appendix A.6.3). With ``weights="stiefel"`` or
 ``"oblique"`` the input and hidden kernels are ``W = s · V``: ``V`` a
 :class:`~orthojax.nn.StiefelParam` / :class:`~orthojax.nn.ObliqueParam`
 (trained by a Riemannian optimizer through :func:`orthojax.optim.partition`)
@@ -52,7 +52,7 @@ References:
   Pennington, Schoenholz & Ganguli, "Resurrecting the sigmoid in deep
   learning through dynamical isometry: theory and practice", NeurIPS 2017.
   Sokol & Park, "Information geometry of orthogonal initializations and
-  training", ICLR 2020 (seed information_geometry_orthogonal_init).
+  training", ICLR 2020.
 """
 
 from __future__ import annotations
@@ -62,33 +62,23 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from flax.nnx.nn import dtypes
 
 from orthojax import manifolds
 from orthojax.linalg import MatrixView
-from orthojax.nn import _sharding
+from orthojax.nn import ObliqueParam
+from orthojax.nn import StiefelParam
+from orthojax.nn import activation_fn
+from orthojax.nn import check_choice
 from orthojax.nn import initializers
-from orthojax.nn._constrained import ObliqueParam
-from orthojax.nn._constrained import StiefelParam
+from orthojax.nn import sharding
 
 
-def _hard_tanh(x):
-  return jnp.clip(x, -1.0, 1.0)
-
-
-def _linear(x):
+def _identity(x):
   return x
 
-
-# The jax forms of the named activations of orthojax.nn.initializers.
-_ACTIVATION_FNS: dict[str, Callable[[jax.Array], jax.Array]] = {
-    "tanh": jnp.tanh,
-    "hard_tanh": _hard_tanh,
-    "erf": jax.scipy.special.erf,
-    "relu": jax.nn.relu,
-    "linear": _linear,
-}
 
 INITS = ("gaussian", "orthogonal")
 WEIGHTS = ("euclidean", "stiefel", "oblique")
@@ -96,30 +86,22 @@ _MANIFOLDS = {"stiefel": (manifolds.Stiefel, StiefelParam),
               "oblique": (manifolds.Oblique, ObliqueParam)}
 
 
-def check_choice(where: str, what: str, value: Any, choices: tuple[str, ...]) -> str:
-  """``value`` if it is one of ``choices``, else a ValueError listing them."""
-  if not isinstance(value, str) or value not in choices:
-    raise ValueError(f"{where}: unknown {what}={value!r}; choose one of {', '.join(choices)}")
-  return value
-
-
-def activation_fn(activation: Any, where: str = "model") -> Callable:
-  """The jax function ``φ`` of an activation name (``initializers.ACTIVATIONS``) or callable.
-
-  A pair ``(φ, φ')`` (accepted by the mean-field functions) gives ``φ``.
+def activation_phi(activation: Any, where: str = "model") -> Callable:
+  """The jax function ``φ`` of an activation: a name in :data:`orthojax.nn.ACTIVATIONS`
+  (the identity names give the identity), a callable, or a pair ``(φ, φ')`` (the
+  form the mean-field functions accept; ``φ'`` is theirs alone).
 
   Raises:
-    ValueError: for an unknown name, listing the known ones.
-    TypeError: for anything that is neither a name, a callable nor such a pair.
+    ValueError: an unknown name, listing the known ones.
+    TypeError: anything that is neither a name, a callable nor such a pair.
   """
-  if isinstance(activation, str):
-    return _ACTIVATION_FNS[check_choice(where, "activation", activation, tuple(_ACTIVATION_FNS))]
-  if callable(activation):
-    return activation
   if isinstance(activation, (tuple, list)) and len(activation) == 2 and callable(activation[0]):
     return activation[0]
-  raise TypeError(f"{where}: activation must be one of {', '.join(_ACTIVATION_FNS)}, a "
-                  f"jax-traceable callable or a pair (phi, phi_prime), got {activation!r}")
+  if activation is None:
+    raise TypeError(f"{where}: activation must be a name, a callable or a pair (phi, phi_prime), "
+                    "got None")
+  phi = activation_fn(activation, where=where)
+  return _identity if phi is None else phi
 
 
 def resolve_sigmas(activation: str | Callable, q_star: float | None, sigma_w: float | None,
@@ -184,12 +166,13 @@ class DeepMLP(nnx.Module):
 
   Args:
     in_features: input size (CIFAR-10 flattened: 3072).
-    depth: number of hidden ``width → width`` layers, ``≥ 1`` (E5: 200).
-    width: hidden width (E5: 400).
+    depth: number of hidden ``width → width`` layers, ``≥ 1`` (Sokol & Park: 200).
+    width: hidden width (Sokol & Park: 400).
     out_features: number of outputs (classes).
-    activation: ``"tanh"``, ``"hard_tanh"``, ``"erf"``, ``"relu"``,
-      ``"linear"``, an elementwise jax-traceable callable, or a pair
-      ``(φ, φ')`` (``φ'`` is used only for the critical point).
+    activation: a name in :data:`orthojax.nn.ACTIVATIONS` (``"tanh"``,
+      ``"hard_tanh"``, ``"erf"``, ``"relu"``, ``"linear"`` …), an
+      elementwise jax-traceable callable, or a pair ``(φ, φ')`` (``φ'`` is
+      used only for the critical point).
     q_star: the fixed point of the critical initialisation; see
       :func:`resolve_sigmas` for how it combines with ``sigma_w``/``sigma_b``.
     sigma_w, sigma_b: explicit initialisation scales.
@@ -211,9 +194,9 @@ class DeepMLP(nnx.Module):
                sigma_w: float | None = None, sigma_b: float | None = None,
                init: str = "gaussian", weights: str = "euclidean", learn_scale: bool = True,
                dtype: Any = None, param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
-    self.activation = activation_fn(activation, "DeepMLP")
-    check_choice("DeepMLP", "init", init, INITS)
-    check_choice("DeepMLP", "weights", weights, WEIGHTS)
+    self.activation = activation_phi(activation, "DeepMLP")
+    check_choice(init, INITS, "init", where="DeepMLP")
+    check_choice(weights, WEIGHTS, "weights", where="DeepMLP")
     if int(depth) < 1:
       raise ValueError(f"DeepMLP: depth must be >= 1, got {depth}")
     depth, width = int(depth), int(width)
@@ -231,31 +214,31 @@ class DeepMLP(nnx.Module):
               lambda g, view: initializers.orthogonal(g, view, fan_in_variance=True))
       values = [make(self.sigma_w, v)(rngs.params(), s, param_dtype)
                 for s, v in zip(shapes, views)]
-      self.in_kernel = nnx.Param(values[0], **_sharding.metadata(_sharding.DENSE_KERNEL))
-      self.kernels = nnx.Param(values[1], matrix_view=stacked, **_sharding.metadata(
-          _sharding.stacked(_sharding.DENSE_KERNEL)))
+      self.in_kernel = nnx.Param(values[0], **sharding.metadata(sharding.DENSE_KERNEL))
+      self.kernels = nnx.Param(values[1], matrix_view=stacked, **sharding.metadata(
+          sharding.stacked(sharding.DENSE_KERNEL)))
       self.in_scale = self.scales = None
     else:
       manifold_cls, param_cls = _MANIFOLDS[weights]
       point = manifolds.Stiefel() if init == "orthogonal" else manifold_cls()
       values = [point.random(rngs.params(), s, param_dtype, view=v)
                 for s, v in zip(shapes, views)]
-      self.in_kernel = param_cls(values[0], **_sharding.metadata(_sharding.DENSE_KERNEL))
-      self.kernels = param_cls(values[1], matrix_view=stacked, **_sharding.metadata(
-          _sharding.stacked(_sharding.DENSE_KERNEL)))
+      self.in_kernel = param_cls(values[0], **sharding.metadata(sharding.DENSE_KERNEL))
+      self.kernels = param_cls(values[1], matrix_view=stacked, **sharding.metadata(
+          sharding.stacked(sharding.DENSE_KERNEL)))
       scale_cls = nnx.Param if learn_scale else nnx.Variable
       in_scale = self.sigma_w * wide_gain(in_features, width)
-      self.in_scale = scale_cls(jnp.asarray(in_scale, param_dtype), **_sharding.metadata(()))
+      self.in_scale = scale_cls(jnp.asarray(in_scale, param_dtype), **sharding.metadata(()))
       self.scales = scale_cls(jnp.full((depth,), self.sigma_w, param_dtype),
-                              **_sharding.metadata((_sharding.LAYERS,)))
+                              **sharding.metadata((sharding.LAYERS,)))
     biases = bias_init(rngs.params(), (depth + 1, width), param_dtype)   # one draw
-    self.in_bias = nnx.Param(biases[0], **_sharding.metadata(_sharding.BIAS))
-    self.biases = nnx.Param(biases[1:], **_sharding.metadata(_sharding.stacked(_sharding.BIAS)))
+    self.in_bias = nnx.Param(biases[0], **sharding.metadata(sharding.BIAS))
+    self.biases = nnx.Param(biases[1:], **sharding.metadata(sharding.stacked(sharding.BIAS)))
     self.readout = nnx.Linear(
         width, out_features, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
         kernel_init=initializers.gaussian(1.0),
-        kernel_metadata=_sharding.metadata(_sharding.DENSE_KERNEL),
-        bias_metadata=_sharding.metadata(_sharding.BIAS))
+        kernel_metadata=sharding.metadata(sharding.DENSE_KERNEL),
+        bias_metadata=sharding.metadata(sharding.BIAS))
 
   def effective_kernels(self) -> tuple[jax.Array, jax.Array]:
     """``(W⁰, W)``: the input kernel and the ``(depth, width, width)`` stack, scales applied."""
@@ -263,6 +246,66 @@ class DeepMLP(nnx.Module):
       return self.in_kernel[...], self.kernels[...]
     return (self.in_scale[...] * self.in_kernel[...],
             self.scales[...][:, None, None] * self.kernels[...])
+
+  def hidden_map(self, from_layer: int = 1,
+                 to_layer: int | None = None) -> Callable[[jax.Array], jax.Array]:
+    r"""``h^a ↦ h^b``, the map between two hidden pre-activations, for Jacobians.
+
+    With the module's numbering (row vectors, ``x⁰`` the input)::
+
+        h¹ = x⁰ W⁰ + b⁰,    h^{l+1} = φ(h^l) W^l + b^l   (l = 1 … L, L = depth),
+
+    the returned function maps the pre-activations ``h^a`` (``a =
+    from_layer``; ``a = 0`` means the input ``x⁰``) to ``h^b`` (``b =
+    to_layer``, default ``L + 1``, the last hidden pre-activation), applying
+    the hidden kernels ``W^a … W^{b−1}`` with ``jax.lax.scan``. Its Jacobian
+    ``∂h^b/∂h^a`` (output × input) is ``J_{h^a}^{h^b} = (D_a W^a D_{a+1}
+    W^{a+1} ⋯ D_{b−1} W^{b−1})ᵀ`` with ``D_l = diag φ'(h^l)`` — the
+    column-convention product ``∏ W^lᵀ D_l`` — as in Sokol & Park's
+    ``J_{h¹}^{h^L}``. Manifold scales ``s`` are applied (effective kernels).
+
+    The function works on one example ``(width,)`` or on any leading batch
+    axes. It closes over the model's current arrays; build it inside
+    ``jax.jit`` (from a traced ``nnx.merge``) to keep them traced.
+
+    Args:
+      from_layer: ``a``, ``0 ≤ a ≤ L``.
+      to_layer: ``b``, ``a < b ≤ L + 1`` (default ``L + 1``).
+
+    Returns:
+      ``f(h_a) -> h_b``.
+
+    Raises:
+      TypeError: a layer index that is not an int.
+      ValueError: layers out of range.
+    """
+    depth = self.depth
+    to_layer = depth + 1 if to_layer is None else to_layer
+    for name, v in (("from_layer", from_layer), ("to_layer", to_layer)):
+      if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"DeepMLP.hidden_map: {name} must be an int, got {v!r}")
+    if not 0 <= from_layer < to_layer <= depth + 1:
+      raise ValueError(f"DeepMLP.hidden_map: need 0 <= from_layer < to_layer <= depth + 1 = "
+                       f"{depth + 1}, got from_layer={from_layer}, to_layer={to_layer}")
+    w_in, w = self.effective_kernels()
+    b_in, b = self.in_bias[...], self.biases[...]
+    act = self.activation
+    start = max(from_layer, 1)
+    w_stack, b_stack = w[start - 1:to_layer - 1], b[start - 1:to_layer - 1]
+
+    def layer(h, params):
+      w_l, b_l = params
+      return act(h) @ w_l + b_l, None
+
+    def f(h):
+      h = jnp.asarray(h)
+      if from_layer == 0:
+        h = h @ w_in + b_in
+      if w_stack.shape[0] == 0:
+        return h
+      return jax.lax.scan(layer, h, (w_stack, b_stack))[0]
+
+    return f
 
   def _hidden(self, x: jax.Array, collect: bool) -> tuple[jax.Array, jax.Array | None]:
     """``h^{L+1}`` and, if ``collect``, the stacked ``h¹, …, h^{L+1}`` (else None)."""

@@ -1,4 +1,4 @@
-"""One-hidden-layer MLP for UCI regression (GmP paper Table 3, E3).
+"""One-hidden-layer MLP for UCI regression (GmP paper Table 3).
 
 ``x (batch, in_features) → hidden unit (100, φ) → output (out_features)``:
 
@@ -15,7 +15,7 @@ The GmP hidden layer has no Input Mean Normalization: its input is the
 (standardised) data, which does not drift during training (GmP paper §4.2).
 The output layer is never GmP (§4.1); for ``"wn"`` it is weight-normalised,
 as in the authors' released UCI code (``uci_regression/uci_regression.py``),
-which E3's numbers come from. Defaults follow that code too: Glorot-uniform
+which the paper's Table 3 numbers come from. Defaults follow that code too: Glorot-uniform
 kernels (Keras' default), BatchNorm momentum 0.99 and ε = 1e-3.
 
 References:
@@ -32,9 +32,9 @@ from flax import nnx
 
 from orthojax.models._variants import Initializer
 from orthojax.models._variants import Unit
-from orthojax.models._variants import check_choice
 from orthojax.models._variants import linear
-from orthojax.nn._norm import WeightNormDense
+from orthojax.nn import WeightNormDense
+from orthojax.nn import check_choice
 
 VARIANTS = ("sp", "wn", "bn", "gmp")
 """Accepted ``variant`` names (GmP paper Table 3 columns)."""

@@ -74,8 +74,8 @@ from flax import nnx
 
 from orthojax.models._variants import Initializer
 from orthojax.models._variants import Unit
-from orthojax.models._variants import check_choice
 from orthojax.models._variants import linear
+from orthojax.nn import check_choice
 
 NORMS = ("bn", "wn_mbn", "gmp_imn", "none")
 """Accepted ``norm`` names."""

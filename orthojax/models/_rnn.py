@@ -1,4 +1,4 @@
-r"""A many-to-one vanilla RNN for sequential MNIST (experiment E6).
+r"""A many-to-one vanilla RNN for sequential MNIST (Hlav's gain-adjusted regulariser experiments).
 
 For an input sequence ``x_1, …, x_T`` (rows ``(batch, input_size)``)::
 
@@ -9,8 +9,8 @@ pixel-wise task compiles one step body; the input projection ``x_t W_in + b``
 of all steps is one matmul before the scan.
 
 The recurrent kernel ``W_rec`` (attribute ``recurrent_kernel``, matrix view
-``(fan_in, fan_out) = (hidden, hidden)``) is what the E6 variants change
-(Hlav's dynamical-isometry seed; Vorontsov et al. 2017):
+``(fan_in, fan_out) = (hidden, hidden)``) is what the variants change
+(Hlav's note, see References; Vorontsov et al. 2017):
 
 * ``recurrent_init="glorot"``: ``gain · U(±√(6/(2·hidden)))``, i.e.
   ``jax.nn.initializers.glorot_uniform`` (Keras' default) times ``gain``;
@@ -28,7 +28,7 @@ which includes the Stiefel gain).
 
 The input kernel is Glorot-uniform and the bias zero; the classifier is an
 ``nnx.Linear`` with a Glorot-uniform kernel and zero bias (Keras' defaults
-for ``SimpleRNN`` and ``Dense``, the seed's setup).
+for ``SimpleRNN`` and ``Dense``, Hlav's setup).
 
 References:
   Vorontsov, Trabelsi, Kadoury & Pal, "On orthogonality and learning
@@ -47,11 +47,11 @@ from flax import nnx
 from flax.nnx.nn import dtypes
 
 from orthojax import manifolds
-from orthojax.models._deep_mlp import activation_fn
-from orthojax.models._deep_mlp import check_choice
-from orthojax.nn import _sharding
+from orthojax.models._deep_mlp import activation_phi
+from orthojax.nn import StiefelParam
+from orthojax.nn import check_choice
 from orthojax.nn import initializers
-from orthojax.nn._constrained import StiefelParam
+from orthojax.nn import sharding
 
 RECURRENT_INITS = ("glorot", "orthogonal")
 RECURRENTS = ("euclidean", "stiefel")
@@ -70,13 +70,13 @@ class SequenceRNN(nnx.Module):
 
   Args:
     input_size: features per time step (28 row-wise, 1 pixel-wise).
-    hidden: hidden units (E6: 64).
+    hidden: hidden units (Hlav: 64).
     num_classes: number of classes.
     recurrent_init: ``"glorot"`` or ``"orthogonal"``.
     gain: multiplies the initial recurrent kernel (both inits).
     recurrent: ``"euclidean"`` or ``"stiefel"``.
     activation: ``φ``: a callable (default ``jnp.tanh``) or a name of
-      :data:`orthojax.nn.initializers.ACTIVATIONS`.
+      :data:`orthojax.nn.ACTIVATIONS`.
     dtype: computation dtype (None: promote).
     param_dtype: parameter dtype.
     rngs: ``nnx.Rngs`` with a ``params`` stream.
@@ -90,14 +90,14 @@ class SequenceRNN(nnx.Module):
                recurrent_init: str = "glorot", gain: float = 1.0, recurrent: str = "euclidean",
                activation: str | Callable = jnp.tanh, dtype: Any = None,
                param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
-    check_choice("SequenceRNN", "recurrent_init", recurrent_init, RECURRENT_INITS)
-    check_choice("SequenceRNN", "recurrent", recurrent, RECURRENTS)
+    check_choice(recurrent_init, RECURRENT_INITS, "recurrent_init", where="SequenceRNN")
+    check_choice(recurrent, RECURRENTS, "recurrent", where="SequenceRNN")
     if recurrent == "stiefel" and recurrent_init != "orthogonal":
       raise ValueError("SequenceRNN: recurrent='stiefel' keeps the recurrent kernel orthonormal "
                        "(times gain); use recurrent_init='orthogonal'")
-    self.activation = activation_fn(activation, "SequenceRNN")
+    self.activation = activation_phi(activation, "SequenceRNN")
     self.dtype = dtype
-    kernel_meta = _sharding.metadata(_sharding.DENSE_KERNEL)
+    kernel_meta = sharding.metadata(sharding.DENSE_KERNEL)
     glorot = jax.nn.initializers.glorot_uniform()
     self.input_kernel = nnx.Param(glorot(rngs.params(), (input_size, hidden), param_dtype),
                                   **kernel_meta)
@@ -106,16 +106,16 @@ class SequenceRNN(nnx.Module):
       v = manifolds.Stiefel().random(rngs.params(), shape, param_dtype)
       self.recurrent_kernel = StiefelParam(v, **kernel_meta)
       self.recurrent_gain = nnx.Variable(jnp.asarray(gain, param_dtype),
-                                         **_sharding.metadata(()))
+                                         **sharding.metadata(()))
     else:
       init = (initializers.orthogonal(gain) if recurrent_init == "orthogonal" else
               jax.nn.initializers.variance_scaling(float(gain) ** 2, "fan_avg", "uniform"))
       self.recurrent_kernel = nnx.Param(init(rngs.params(), shape, param_dtype), **kernel_meta)
       self.recurrent_gain = None
-    self.bias = nnx.Param(jnp.zeros((hidden,), param_dtype), **_sharding.metadata(_sharding.BIAS))
+    self.bias = nnx.Param(jnp.zeros((hidden,), param_dtype), **sharding.metadata(sharding.BIAS))
     self.classifier = nnx.Linear(
         hidden, num_classes, dtype=dtype, param_dtype=param_dtype, rngs=rngs, kernel_init=glorot,
-        kernel_metadata=kernel_meta, bias_metadata=_sharding.metadata(_sharding.BIAS))
+        kernel_metadata=kernel_meta, bias_metadata=sharding.metadata(sharding.BIAS))
 
   def recurrent_matrix(self) -> jax.Array:
     """The effective ``W_rec`` (``gain · V`` for a Stiefel kernel)."""

@@ -25,7 +25,7 @@ pre-activation unit used before a residual addition; for GmP that is
 ``r ⊙ (x U + λ)``.
 
 Every parameter carries the logical sharding axes of
-:mod:`orthojax.nn._sharding` (conv kernels ``(spatial…, fan_in, fan_out)``,
+:mod:`orthojax.nn.sharding` (conv kernels ``(spatial…, fan_in, fan_out)``,
 per-unit vectors ``(fan_out,)``), BatchNorm running statistics included.
 
 References:
@@ -43,14 +43,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orthojax.nn import _sharding
-from orthojax.nn._gmp import GmPConv
-from orthojax.nn._gmp import GmPDense
-from orthojax.nn._gmp import resolve_activation
-from orthojax.nn._norm import InputMeanNorm
-from orthojax.nn._norm import MeanOnlyBatchNorm
-from orthojax.nn._norm import WeightNormConv
-from orthojax.nn._norm import WeightNormDense
+from orthojax.nn import GmPConv
+from orthojax.nn import GmPDense
+from orthojax.nn import InputMeanNorm
+from orthojax.nn import MeanOnlyBatchNorm
+from orthojax.nn import WeightNormConv
+from orthojax.nn import WeightNormDense
+from orthojax.nn import activation_fn
+from orthojax.nn import check_choice
+from orthojax.nn import sharding
 
 Initializer = Callable[[jax.Array, Sequence[int], Any], jax.Array]
 
@@ -58,15 +59,8 @@ VARIANTS = ("sp", "wn", "wn_mbn", "bn", "gmp", "gmp_imn")
 """Every unit kind :class:`Unit` builds (each model accepts a subset)."""
 
 
-def check_choice(value: Any, choices: Sequence[Any], argname: str) -> Any:
-  """``value`` if it is one of ``choices``; otherwise a ValueError listing them."""
-  if value not in choices:
-    raise ValueError(f"unknown {argname}={value!r}; valid choices: {list(choices)}")
-  return value
-
-
 def _meta(names: tuple[str, ...]) -> dict[str, Any]:
-  return _sharding.metadata(names)
+  return sharding.metadata(names)
 
 
 def batch_norm(num_features: int, *, momentum: float, epsilon: float, zero_scale: bool = False,
@@ -75,10 +69,10 @@ def batch_norm(num_features: int, *, momentum: float, epsilon: float, zero_scale
   bn = nnx.BatchNorm(num_features, momentum=momentum, epsilon=epsilon, dtype=dtype,
                      param_dtype=param_dtype,
                      scale_init=nnx.initializers.zeros if zero_scale else nnx.initializers.ones,
-                     scale_metadata=_meta(_sharding.BIAS), bias_metadata=_meta(_sharding.BIAS),
+                     scale_metadata=_meta(sharding.BIAS), bias_metadata=_meta(sharding.BIAS),
                      rngs=rngs)
-  bn.mean.set_metadata(**_meta(_sharding.BIAS))
-  bn.var.set_metadata(**_meta(_sharding.BIAS))
+  bn.mean.set_metadata(**_meta(sharding.BIAS))
+  bn.var.set_metadata(**_meta(sharding.BIAS))
   return bn
 
 
@@ -88,8 +82,8 @@ def linear(in_features: int, out_features: int, *, use_bias: bool = True,
   """``nnx.Linear`` with logical axes ``(fan_in, fan_out)`` / ``(fan_out,)``."""
   return nnx.Linear(in_features, out_features, use_bias=use_bias, kernel_init=kernel_init,
                     dtype=dtype, param_dtype=param_dtype,
-                    kernel_metadata=_meta(_sharding.DENSE_KERNEL),
-                    bias_metadata=_meta(_sharding.BIAS), rngs=rngs)
+                    kernel_metadata=_meta(sharding.DENSE_KERNEL),
+                    bias_metadata=_meta(sharding.BIAS), rngs=rngs)
 
 
 class Unit(nnx.Module):
@@ -110,7 +104,7 @@ class Unit(nnx.Module):
     strides: conv strides.
     padding: conv padding; None for ``k // 2`` per side.
     activation: ``"relu"`` (default), ``"identity"`` / None, or any name or
-      callable :func:`orthojax.nn._gmp.resolve_activation` accepts.
+      callable :func:`orthojax.nn.activation_fn` accepts.
     hidden_input: the input is a hidden activation, so ``gmp_imn`` puts an
       IMN in front (False for the layer that reads the data).
     zero_init_norm: ``bn`` only — initialise the BN scale γ to 0 (the last BN
@@ -135,7 +129,7 @@ class Unit(nnx.Module):
                momentum: float = 0.99, epsilon: float = 1e-5, dtype: Any = None,
                param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
     check_choice(variant, VARIANTS, "variant")
-    act = resolve_activation(activation)
+    act = activation_fn(activation)
     self.variant = variant
     conv = kernel_size is not None
     if conv:
@@ -166,8 +160,8 @@ class Unit(nnx.Module):
       if conv:
         self.layer = nnx.Conv(in_features, out_features, **geometry, use_bias=use_bias,
                               kernel_init=kernel_init,
-                              kernel_metadata=_meta(_sharding.conv_kernel(len(kernel_size))),
-                              bias_metadata=_meta(_sharding.BIAS), **common)
+                              kernel_metadata=_meta(sharding.conv_kernel(len(kernel_size))),
+                              bias_metadata=_meta(sharding.BIAS), **common)
       else:
         self.layer = linear(in_features, out_features, use_bias=use_bias,
                             kernel_init=kernel_init, **common)

@@ -1,4 +1,4 @@
-"""VGG-6 for 32×32 images (ImageNet32), the GmP paper's ablation network (E2).
+"""VGG-6 for 32×32 images (ImageNet32), the GmP paper's ablation network (Table 2).
 
 Six 3×3 conv units in three VGG blocks (Simonyan & Zisserman 2014 style),
 global average pooling and a dense classifier:
@@ -60,9 +60,9 @@ from flax import nnx
 
 from orthojax.models._variants import Initializer
 from orthojax.models._variants import Unit
-from orthojax.models._variants import check_choice
 from orthojax.models._variants import linear
-from orthojax.nn._norm import WeightNormDense
+from orthojax.nn import WeightNormDense
+from orthojax.nn import check_choice
 
 VARIANTS = ("sp", "wn", "wn_mbn", "bn", "gmp", "gmp_imn")
 """Accepted ``variant`` names (GmP paper Table 2 rows)."""

@@ -1,6 +1,10 @@
 """Flax NNX layers, initializers and constrained Variable types."""
 
 from orthojax.nn import initializers
+from orthojax.nn import sharding
+from orthojax.nn._activations import ACTIVATIONS
+from orthojax.nn._activations import activation_fn
+from orthojax.nn._checks import check_choice
 from orthojax.nn._constrained import ManifoldLinear
 from orthojax.nn._constrained import ManifoldParam
 from orthojax.nn._constrained import ObliqueParam
@@ -19,6 +23,7 @@ from orthojax.nn._orthogonal import OrthogonalConv
 from orthojax.nn._orthogonal import OrthogonalDense
 
 __all__ = [
+    "ACTIVATIONS",
     "GmPConv",
     "GmPDense",
     "InputMeanNorm",
@@ -31,9 +36,12 @@ __all__ = [
     "MeanOnlyBatchNorm",
     "WeightNormConv",
     "WeightNormDense",
+    "activation_fn",
     "angles_to_direction",
+    "check_choice",
     "direction_to_angles",
     "initializers",
     "manifold_labels",
     "matrix_views",
+    "sharding",
 ]

@@ -28,7 +28,7 @@ Example::
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
 
 :class:`ManifoldLinear` adds Sokol & Park's learnable isotropic scale in front
-of such a weight (``W = s · V``, seed A.6.3).
+of such a weight (``W = s · V``; Sokol & Park, ICLR 2020, Appendix A.6.3).
 
 Sharding: the usual ``out_sharding`` metadata (``nnx.with_partitioning``)
 works on these types as on any ``nnx.Param``.
@@ -46,7 +46,8 @@ from flax.nnx.nn import dtypes
 from orthojax import manifolds
 from orthojax.linalg import MatrixView
 from orthojax.linalg import layout
-from orthojax.nn import _sharding
+from orthojax.nn import sharding
+from orthojax.nn._checks import check_choice
 
 
 class ManifoldParam(nnx.Param):
@@ -137,7 +138,7 @@ def matrix_views(tree: Any, wrt: Any = nnx.Param) -> Any:
 class ManifoldLinear(nnx.Module):
   """``y = s · (x V) + b`` with ``V`` on the Stiefel or oblique manifold.
 
-  Sokol & Park's parameterization of a Dense layer (seed A.6.3): the kernel
+  Sokol & Park's parameterization of a Dense layer (Sokol & Park 2020, Appendix A.6.3): the kernel
   ``V`` is a :class:`StiefelParam` / :class:`ObliqueParam`, initialised as a
   uniformly random manifold point (Haar-orthogonal / uniform unit columns),
   and an isotropic Euclidean scale ``s`` sits in front. With
@@ -163,16 +164,14 @@ class ManifoldLinear(nnx.Module):
                param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
     kinds = {"stiefel": (manifolds.Stiefel, StiefelParam),
              "oblique": (manifolds.Oblique, ObliqueParam)}
-    if manifold not in kinds:
-      raise ValueError(f"ManifoldLinear: unknown manifold {manifold!r}; "
-                       f"choose one of {sorted(kinds)}")
+    check_choice(manifold, sorted(kinds), "manifold", where="ManifoldLinear")
     manifold_cls, param_cls = kinds[manifold]
     kernel = manifold_cls().random(rngs.params(), (in_features, out_features), param_dtype)
-    self.kernel = param_cls(kernel, **_sharding.metadata(_sharding.DENSE_KERNEL))
+    self.kernel = param_cls(kernel, **sharding.metadata(sharding.DENSE_KERNEL))
     scale = jnp.asarray(scale_init, param_dtype)
     self.scale = nnx.Param(scale) if learn_scale else nnx.Variable(scale)
     self.bias = (nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype),
-                           **_sharding.metadata(_sharding.BIAS)) if use_bias else None)
+                           **sharding.metadata(sharding.BIAS)) if use_bias else None)
     self.dtype = dtype
 
   def __call__(self, x: jax.Array) -> jax.Array:

@@ -38,7 +38,7 @@ Parameters (per output unit j):
   ``nnx.Variable``, not trained — a sign cannot move continuously, as in the
   paper's 1-D units with θ ∈ {0, π}) drawn from the init sample.
 
-Initialization (paper §4.3 and SPEC): the direction is that of a random
+Initialization (GmP paper §4.3 and its released code): the direction is that of a random
 kernel sample (so uniform on the sphere for a Gaussian sample, whatever its
 variance), ``λ = 0``, and ``r = 1`` (``init_radius="one"``, the paper) or
 ``r = ‖w‖`` of that sample (``"norm"``, the released code).
@@ -66,25 +66,13 @@ from flax import nnx
 from flax.nnx.nn import dtypes
 from jax import lax
 
+from orthojax.nn import _conv
 from orthojax.nn import _hyperspherical
-from orthojax.nn import _sharding
+from orthojax.nn import sharding
+from orthojax.nn._activations import activation_fn
+from orthojax.nn._checks import check_choice
 
 Initializer = Callable[[jax.Array, Sequence[int], Any], jax.Array]
-
-ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array] | None] = {
-    "relu": jax.nn.relu,
-    "leaky_relu": jax.nn.leaky_relu,
-    "identity": None,
-    "linear": None,
-    "gelu": jax.nn.gelu,
-    "silu": jax.nn.silu,
-    "swish": jax.nn.silu,
-    "elu": jax.nn.elu,
-    "tanh": jnp.tanh,
-    "sigmoid": jax.nn.sigmoid,
-    "softplus": jax.nn.softplus,
-}
-"""Activation names accepted by the GmP layers (``None`` is the identity)."""
 
 # φ(c·t) = c·φ(t) for c > 0: r·φ(uᵀx + λ) = φ(wᵀx + b) exactly.
 _POSITIVELY_HOMOGENEOUS = (None, jax.nn.relu, jax.nn.leaky_relu)
@@ -93,36 +81,14 @@ INIT_DIRECTIONS = ("gaussian", "glorot")
 INIT_RADII = ("one", "norm")
 
 
-def resolve_activation(activation: Any, argname: str = "activation") -> Callable | None:
-  """A callable (or None for the identity) from a name, callable or None.
-
-  Raises:
-    ValueError: an unknown name; the message names ``argname`` and lists
-      :data:`ACTIVATIONS`.
-  """
-  if activation is None or callable(activation):
-    return activation
-  if isinstance(activation, str) and activation in ACTIVATIONS:
-    return ACTIVATIONS[activation]
-  raise ValueError(f"unknown {argname}={activation!r}; valid names: {sorted(ACTIVATIONS)}, "
-                   "None (identity) or a callable")
-
-
 def _direction_sampler(init_direction: str | Initializer) -> Initializer:
   if callable(init_direction):
     return init_direction
+  check_choice(init_direction, INIT_DIRECTIONS, "init_direction",
+               also="an initializer (key, shape, dtype) -> kernel sample")
   if init_direction == "gaussian":
     return nnx.initializers.lecun_normal()
-  if init_direction == "glorot":
-    return nnx.initializers.glorot_uniform()
-  raise ValueError(f"unknown init_direction={init_direction!r}; valid: {list(INIT_DIRECTIONS)} "
-                   "or an initializer (key, shape, dtype) -> kernel sample")
-
-
-def _check_radius(init_radius: str) -> str:
-  if init_radius not in INIT_RADII:
-    raise ValueError(f"unknown init_radius={init_radius!r}; valid: {list(INIT_RADII)}")
-  return init_radius
+  return nnx.initializers.glorot_uniform()
 
 
 @jax.jit
@@ -159,11 +125,9 @@ def _dense_contract(x, u_rows, *, precision):
   return lax.dot_general(x, u_rows, (((x.ndim - 1,), (1,)), ((), ())), precision=precision)
 
 
-def _conv_contract(x, u_rows, *, kernel_shape, strides, padding, kernel_dilation,
-                   feature_group_count, precision):
-  return conv_nd(x, u_rows.reshape(kernel_shape), strides=strides, padding=padding,
-                 kernel_dilation=kernel_dilation, feature_group_count=feature_group_count,
-                 precision=precision)
+def _conv_contract(x, u_rows, *, geometry, precision):
+  kernel_ohwi = u_rows.reshape((geometry.out_features,) + geometry.kernel_shape[:-1])
+  return _conv.conv(x, kernel_ohwi, geometry, kernel_layout="OHWI", precision=precision)
 
 
 class _GmPBase(nnx.Module):
@@ -171,7 +135,7 @@ class _GmPBase(nnx.Module):
 
   def _init_params(self, kernel_shape: tuple[int, ...], *, init_direction, init_radius,
                    use_offset: bool, param_dtype, rngs: nnx.Rngs):
-    init_radius = _check_radius(init_radius)
+    init_radius = check_choice(init_radius, INIT_RADII, "init_radius")
     sample = _direction_sampler(init_direction)(rngs.params(), kernel_shape, param_dtype)
     if tuple(sample.shape) != tuple(kernel_shape):
       raise ValueError(f"init_direction returned shape {tuple(sample.shape)}, "
@@ -181,13 +145,13 @@ class _GmPBase(nnx.Module):
     self.fan_in = math.prod(kernel_shape[:-1])
     if self.fan_in == 1:
       self.theta = nnx.data(None)
-      self.sign = nnx.Variable(coords.astype(param_dtype), **_sharding.metadata(_sharding.BIAS))
+      self.sign = nnx.Variable(coords.astype(param_dtype), **sharding.metadata(sharding.BIAS))
     else:
-      self.theta = nnx.Param(coords.astype(param_dtype), **_sharding.metadata(_sharding.GMP_ANGLES))
+      self.theta = nnx.Param(coords.astype(param_dtype), **sharding.metadata(sharding.GMP_ANGLES))
       self.sign = nnx.data(None)
     radius = norm if init_radius == "norm" else jnp.ones_like(norm)
-    self.r = nnx.Param(radius.astype(param_dtype), **_sharding.metadata(_sharding.BIAS))
-    self.lam = (nnx.Param(jnp.zeros((fan_out,), param_dtype), **_sharding.metadata(_sharding.BIAS))
+    self.r = nnx.Param(radius.astype(param_dtype), **sharding.metadata(sharding.BIAS))
+    self.lam = (nnx.Param(jnp.zeros((fan_out,), param_dtype), **sharding.metadata(sharding.BIAS))
                 if use_offset
                 else nnx.data(None))
     self.use_offset = use_offset
@@ -251,7 +215,7 @@ class GmPDense(_GmPBase):
   Args:
     in_features: fan-in n.
     out_features: fan-out m.
-    activation: φ: a callable, a name from :data:`ACTIVATIONS` (``"relu"``
+    activation: φ: a callable, a name from :data:`orthojax.nn.ACTIVATIONS` (``"relu"``
       ...), or None for the identity. Default ReLU (the paper's setting).
     init_direction: ``"gaussian"`` (default), ``"glorot"``, or an initializer
       ``(key, (in, out), dtype)``; its columns' directions become θ.
@@ -277,7 +241,7 @@ class GmPDense(_GmPBase):
                param_dtype: Any = jnp.float32,
                precision: Any = None,
                rngs: nnx.Rngs):
-    self.activation = resolve_activation(activation)
+    self.activation = activation_fn(activation)
     self.in_features = in_features
     self.out_features = out_features
     self.dtype = dtype
@@ -311,7 +275,7 @@ class GmPDense(_GmPBase):
       rngs: unused by the conversion (default ``nnx.Rngs(0)``).
       **kwargs: other constructor arguments (``dtype``, ``param_dtype``, ...).
     """
-    act = resolve_activation(activation)
+    act = activation_fn(activation)
     _check_homogeneous(act, homogeneous)
     kernel = jnp.asarray(kernel)
     if kernel.ndim != 2:
@@ -321,52 +285,6 @@ class GmPDense(_GmPBase):
                 init_radius="norm", rngs=nnx.Rngs(0) if rngs is None else rngs, **kwargs)
     layer._set_from_standard(jnp.linalg.norm(kernel.astype(jnp.float32), axis=0), bias)
     return layer
-
-
-def _as_tuple(x: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
-  if isinstance(x, int):
-    return (x,) * n
-  x = tuple(int(v) for v in x)
-  if len(x) != n:
-    raise ValueError(f"{name}={x} must have {n} entries (one per spatial axis)")
-  return x
-
-
-def canonical_padding(padding: Any, ndim: int) -> str | list[tuple[int, int]]:
-  """``'SAME'``/``'VALID'``, an int, or one int / (low, high) pair per spatial axis."""
-  if isinstance(padding, str):
-    if padding.upper() in ("SAME", "VALID"):
-      return padding.upper()
-    raise ValueError(f"unknown padding={padding!r}; valid: 'SAME', 'VALID', an int or "
-                     "(low, high) pairs")
-  if isinstance(padding, int):
-    return [(padding, padding)] * ndim
-  pads = [(p, p) if isinstance(p, int) else tuple(p) for p in padding]
-  if len(pads) != ndim or any(len(p) != 2 for p in pads):
-    raise ValueError(f"padding={padding!r} must give one int or (low, high) pair per spatial axis")
-  return pads
-
-
-def conv_nd(x: jax.Array, kernel_ohwi: jax.Array, *, strides, padding, kernel_dilation,
-            feature_group_count: int, precision) -> jax.Array:
-  """Channels-last convolution with an ``(out, *spatial, in)`` kernel.
-
-  ``x``: ``(*batch, *spatial, in)``; leading batch axes are flattened (and a
-  missing one added) as ``nnx.Conv`` does. The ``O…I`` kernel layout is the
-  unit-major row layout of the direction matrix reshaped, so no transpose
-  is needed.
-  """
-  nd = kernel_ohwi.ndim - 2
-  batch_shape = x.shape[:x.ndim - nd - 1]
-  x = x.reshape((-1,) + x.shape[x.ndim - nd - 1:])
-  spec = (0, nd + 1) + tuple(range(1, nd + 1))
-  dn = lax.ConvDimensionNumbers(lhs_spec=spec, rhs_spec=spec, out_spec=spec)
-  y = lax.conv_general_dilated(
-      x, kernel_ohwi, window_strides=_as_tuple(strides, nd, "strides"),
-      padding=canonical_padding(padding, nd),
-      rhs_dilation=_as_tuple(kernel_dilation, nd, "kernel_dilation"),
-      dimension_numbers=dn, feature_group_count=feature_group_count, precision=precision)
-  return y.reshape(batch_shape + y.shape[1:])
 
 
 class GmPConv(_GmPBase):
@@ -389,6 +307,10 @@ class GmPConv(_GmPBase):
     feature_group_count: grouped convolution (fan-in is ``prod(k)·in/groups``).
     activation, init_direction, init_radius, use_offset, dtype, param_dtype,
     precision, rngs: as in :class:`GmPDense`.
+
+  Raises:
+    ValueError: as :class:`GmPDense`, plus bad ``kernel_size``, ``strides``,
+      ``padding``, ``kernel_dilation`` or group counts.
   """
 
   def __init__(self, in_features: int, out_features: int,
@@ -405,28 +327,17 @@ class GmPConv(_GmPBase):
                param_dtype: Any = jnp.float32,
                precision: Any = None,
                rngs: nnx.Rngs):
-    self.kernel_size = (kernel_size,) if isinstance(kernel_size, int) else tuple(kernel_size)
-    if in_features % feature_group_count:
-      raise ValueError(f"in_features={in_features} is not divisible by "
-                       f"feature_group_count={feature_group_count}")
-    canonical_padding(padding, len(self.kernel_size))  # validate early
-    self.activation = resolve_activation(activation)
-    self.in_features = in_features
-    self.out_features = out_features
-    self.strides = strides
-    self.padding = padding
-    self.kernel_dilation = kernel_dilation
-    self.feature_group_count = feature_group_count
+    _conv.set_geometry(self, _conv.conv_geometry(in_features, out_features, kernel_size, strides,
+                                                 padding, kernel_dilation, feature_group_count))
+    self.activation = activation_fn(activation)
     self.dtype = dtype
     self.param_dtype = param_dtype
     self.precision = precision
-    kernel_shape = self.kernel_size + (in_features // feature_group_count, out_features)
-    self._contract = functools.partial(
-        _conv_contract, kernel_shape=(out_features,) + kernel_shape[:-1], strides=strides,
-        padding=padding, kernel_dilation=kernel_dilation,
-        feature_group_count=feature_group_count, precision=precision)
-    self._init_params(kernel_shape, init_direction=init_direction, init_radius=init_radius,
-                      use_offset=use_offset, param_dtype=param_dtype, rngs=rngs)
+    self._contract = functools.partial(_conv_contract, geometry=self.geometry,
+                                       precision=precision)
+    self._init_params(self.geometry.kernel_shape, init_direction=init_direction,
+                      init_radius=init_radius, use_offset=use_offset, param_dtype=param_dtype,
+                      rngs=rngs)
 
   @classmethod
   def from_dense(cls, kernel: jax.Array, bias: jax.Array | None = None, *,
@@ -442,7 +353,7 @@ class GmPConv(_GmPBase):
       **kwargs: ``strides``, ``padding``, ``feature_group_count`` ... as in
         the constructor.
     """
-    act = resolve_activation(activation)
+    act = activation_fn(activation)
     _check_homogeneous(act, homogeneous)
     kernel = jnp.asarray(kernel)
     if kernel.ndim < 3:

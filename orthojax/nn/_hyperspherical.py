@@ -3,7 +3,7 @@
 The geometric parameterization (GmP) of a ReLU unit writes its weight
 direction in hyperspherical coordinates (Chen & Ge, "Neural characteristic
 activation value analysis for improved ReLU network feature learning",
-eq. 10 and appendix eq. 17; seed ``geometric_parameterization_gmp.txt``)::
+eq. 10 and appendix eq. 17)::
 
   u_1 = cos θ_1
   u_k = (∏_{j<k} sin θ_j) cos θ_k        1 < k < n
@@ -355,7 +355,7 @@ def metric_diagonal(theta: jax.Array, axis: int = -1) -> jax.Array:
   ``M = J_θᵀ J_θ = diag(m_1, …, m_{n−1})`` with ``m_i = ∏_{j<i} sin² θ_j``
   (so ``m_1 = 1`` and ``0 ≤ m_i ≤ 1``); to first order the angle between
   ``u(θ)`` and ``u(θ + ε)`` is ``‖ε‖_M = sqrt(Σ m_i ε_i²) ≤ ‖ε‖₂``.
-  **Erratum:** the seed's appendix eq. 19–20 writes ``m_aa`` as a *sum* of
+  **Erratum:** the GmP paper's appendix eq. 19–20 writes ``m_aa`` as a *sum* of
   squared sines; the product (as in its eq. 13 and 21) is correct — a sum
   can exceed 1 and would break the bound.
   """

@@ -45,9 +45,9 @@ from flax import nnx
 from flax.nnx.nn import dtypes
 from jax import lax
 
-from orthojax.nn import _sharding
-from orthojax.nn._gmp import canonical_padding
-from orthojax.nn._gmp import conv_nd
+from orthojax.nn import _conv
+from orthojax.nn import sharding
+from orthojax.nn._checks import check_choice
 
 Initializer = Callable[[jax.Array, Sequence[int], Any], jax.Array]
 
@@ -59,11 +59,11 @@ class _MeanCentering(nnx.Module):
                use_running_average: bool | None, use_bias: bool, bias_init: Initializer,
                dtype: Any, param_dtype: Any, axis_name: str | None, rngs: nnx.Rngs | None):
     self.mean = nnx.BatchStat(jnp.zeros((num_features,), jnp.float32),
-                              **_sharding.metadata(_sharding.BIAS))
+                              **sharding.metadata(sharding.BIAS))
     if use_bias:
       key = rngs.params() if rngs is not None else jax.random.key(0)
       self.bias = nnx.Param(bias_init(key, (num_features,), param_dtype),
-                            **_sharding.metadata(_sharding.BIAS))
+                            **sharding.metadata(sharding.BIAS))
     else:
       self.bias = nnx.data(None)
     self.num_features = num_features
@@ -193,18 +193,17 @@ class _WeightNorm(nnx.Module):
 
   def _init_params(self, kernel_shape, *, use_bias, kernel_init, bias_init, init_scale,
                    epsilon, param_dtype, rngs):
-    if init_scale not in _INIT_SCALES:
-      raise ValueError(f"unknown init_scale={init_scale!r}; valid: {list(_INIT_SCALES)}")
+    check_choice(init_scale, _INIT_SCALES, "init_scale")
     v = kernel_init(rngs.params(), kernel_shape, param_dtype)
-    kernel_axes = (_sharding.DENSE_KERNEL if v.ndim == 2
-                   else _sharding.conv_kernel(v.ndim - 2))
-    self.kernel = nnx.Param(v, **_sharding.metadata(kernel_axes))
+    kernel_axes = (sharding.DENSE_KERNEL if v.ndim == 2
+                   else sharding.conv_kernel(v.ndim - 2))
+    self.kernel = nnx.Param(v, **sharding.metadata(kernel_axes))
     norm = jnp.sqrt(jnp.sum(jnp.square(v.astype(jnp.float32)),
                             axis=tuple(range(v.ndim - 1))) + epsilon)
     scale = norm if init_scale == "norm" else jnp.ones_like(norm)
-    self.scale = nnx.Param(scale.astype(param_dtype), **_sharding.metadata(_sharding.BIAS))
+    self.scale = nnx.Param(scale.astype(param_dtype), **sharding.metadata(sharding.BIAS))
     self.bias = (nnx.Param(bias_init(rngs.params(), (kernel_shape[-1],), param_dtype),
-                           **_sharding.metadata(_sharding.BIAS))
+                           **sharding.metadata(sharding.BIAS))
                  if use_bias else nnx.data(None))
     self.epsilon = epsilon
 
@@ -274,28 +273,16 @@ class WeightNormConv(_WeightNorm):
                bias_init: Initializer = nnx.initializers.zeros,
                init_scale: str = "norm", epsilon: float = 1e-12, dtype: Any = None,
                param_dtype: Any = jnp.float32, precision: Any = None, rngs: nnx.Rngs):
-    self.kernel_size = (kernel_size,) if isinstance(kernel_size, int) else tuple(kernel_size)
-    if in_features % feature_group_count:
-      raise ValueError(f"in_features={in_features} is not divisible by "
-                       f"feature_group_count={feature_group_count}")
-    canonical_padding(padding, len(self.kernel_size))
-    self.in_features = in_features
-    self.out_features = out_features
-    self.strides = strides
-    self.padding = padding
-    self.kernel_dilation = kernel_dilation
-    self.feature_group_count = feature_group_count
+    _conv.set_geometry(self, _conv.conv_geometry(in_features, out_features, kernel_size, strides,
+                                                 padding, kernel_dilation, feature_group_count))
     self.dtype = dtype
     self.precision = precision
-    shape = self.kernel_size + (in_features // feature_group_count, out_features)
-    self._init_params(shape, use_bias=use_bias, kernel_init=kernel_init, bias_init=bias_init,
-                      init_scale=init_scale, epsilon=epsilon, param_dtype=param_dtype, rngs=rngs)
+    self._init_params(self.geometry.kernel_shape, use_bias=use_bias, kernel_init=kernel_init,
+                      bias_init=bias_init, init_scale=init_scale, epsilon=epsilon,
+                      param_dtype=param_dtype, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     bias = self.bias[...] if self.bias is not None else None
     x, w, bias = dtypes.promote_dtype((x, self.effective_kernel(), bias), dtype=self.dtype)
-    w_ohwi = jnp.moveaxis(w, -1, 0)  # (*k, in, out) -> (out, *k, in) for conv_nd
-    y = conv_nd(x, w_ohwi, strides=self.strides, padding=self.padding,
-                kernel_dilation=self.kernel_dilation,
-                feature_group_count=self.feature_group_count, precision=self.precision)
+    y = _conv.conv(x, w, self.geometry, precision=self.precision)
     return y + bias if bias is not None else y

@@ -8,11 +8,12 @@ alternative to :class:`orthojax.nn.StiefelParam` + a Riemannian optimizer:
 it pays the map θ ↦ Q per forward/backward pass instead of a retraction per
 optimizer step.
 
-Shapes (DESIGN's one convention): the kernel's matrix view is
-``(fan_in, fan_out)`` — Dense ``(in, out)``; Conv ``(*kernel_size, cin, cout)``
-→ ``(prod(kernel_size)·cin, cout)``. With ``n = max(fan_in, fan_out)`` and
-``p = min(fan_in, fan_out)`` the layer builds the first ``p`` columns of an
-``n × n`` orthogonal ``Q`` and uses them on the tall side: the view is
+Shapes (the matrix-view convention of :mod:`orthojax.linalg`): the kernel's
+matrix view is ``(fan_in, fan_out)`` — Dense ``(in, out)``; Conv
+``(*kernel_size, cin, cout)`` → ``(prod(kernel_size)·cin, cout)``. With
+``n = max(fan_in, fan_out)`` and ``p = min(fan_in, fan_out)`` the layer
+builds the first ``p`` columns of an ``n × n`` orthogonal ``Q`` and uses them
+on the tall side: the view is
 ``Q[:, :p]`` (orthonormal *columns*, ``WᵀW = g² I``) when ``fan_in ≥ fan_out``
 and ``Q[:, :p]ᵀ`` (orthonormal *rows*, ``WWᵀ = g² I``) otherwise.
 
@@ -77,7 +78,7 @@ with any optax optimizer as ordinary ``nnx.Param`` leaves):
   fixed ``nnx.Variable``.
 * ``bias``: ``(fan_out,)`` ``nnx.Param`` (zeros), when ``use_bias``.
 
-Logical sharding (:mod:`orthojax.nn._sharding`): generators and signs are
+Logical sharding (:mod:`orthojax.nn.sharding`): generators and signs are
 replicated (``None`` axes): every call needs the whole generator (one solve,
 one exponential, one sequential product), so sharding it buys nothing; the
 bias is ``("fan_out",)``.
@@ -148,8 +149,10 @@ from flax.nnx.nn import dtypes
 from jax import lax
 
 from orthojax import linalg
-from orthojax.nn import _sharding
-from orthojax.nn._gmp import canonical_padding
+from orthojax.nn import _conv
+from orthojax.nn import sharding
+from orthojax.nn._checks import check_choice
+from orthojax.nn._checks import check_positive_int
 
 PARAMETRIZATIONS = ("cayley", "expm", "householder", "givens")
 """Accepted ``parametrization`` names."""
@@ -163,18 +166,6 @@ _REPLICATED1 = (None,)
 # ----------------------------------------------------------------- validation
 
 
-def _positive_int(value: Any, name: str) -> int:
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(f"{name} must be a positive integer, got {value!r}")
-  return int(value)
-
-
-def _check_choice(value: Any, valid: Sequence[str], name: str) -> str:
-  if not isinstance(value, str) or value not in valid:
-    raise ValueError(f"unknown {name}={value!r}; valid: {list(valid)}")
-  return value
-
-
 def _num_reflections(num_reflections: int | None, parametrization: str, n: int, p: int) -> int:
   if parametrization != "householder":
     if num_reflections is not None:
@@ -184,7 +175,7 @@ def _num_reflections(num_reflections: int | None, parametrization: str, n: int, 
     return 0
   if num_reflections is None:
     return p
-  k = _positive_int(num_reflections, "num_reflections")
+  k = check_positive_int(num_reflections, "num_reflections")
   if k > n:
     raise ValueError(f"num_reflections={k} exceeds n = max(fan_in, fan_out) = {n}: products of "
                      "more than n reflections add nothing (Cartan–Dieudonné)")
@@ -196,7 +187,7 @@ def _num_reflections(num_reflections: int | None, parametrization: str, n: int, 
 
 def num_generators(parametrization: str, n: int, k: int = 0) -> tuple[int, ...]:
   """Shape of the generator for an ``n × n`` orthogonal ``Q`` (``k`` reflections)."""
-  _check_choice(parametrization, PARAMETRIZATIONS, "parametrization")
+  check_choice(parametrization, PARAMETRIZATIONS, "parametrization")
   if parametrization == "householder":
     return (k, n)
   return (n * (n - 1) // 2,)
@@ -360,7 +351,7 @@ def orthogonal_columns(parametrization: str, generator: jax.Array, signs: jax.Ar
   ``n = len(signs)``; see the module docstring for the maps and the
   generator layouts.
   """
-  _check_choice(parametrization, PARAMETRIZATIONS, "parametrization")
+  check_choice(parametrization, PARAMETRIZATIONS, "parametrization")
   return _COLUMNS[parametrization](generator, signs, p)
 
 
@@ -468,8 +459,8 @@ def initial_generator(key: jax.Array, parametrization: str, init: str, n: int, p
   Computed in at least float32. ``p`` (kept columns) and ``k`` (reflections)
   matter for Householder only.
   """
-  _check_choice(parametrization, PARAMETRIZATIONS, "parametrization")
-  _check_choice(init, INITS, "init")
+  check_choice(parametrization, PARAMETRIZATIONS, "parametrization")
+  check_choice(init, INITS, "init")
   cdtype = linalg.compute_dtype(dtype)
   if init == "identity":
     ones = jnp.ones((n,), cdtype)
@@ -499,8 +490,8 @@ class _OrthogonalBase(nnx.Module):
   def _init_params(self, fan_in: int, fan_out: int, kernel_shape: tuple[int, ...], *,
                    parametrization: str, num_reflections: int | None, init: str, gain: float,
                    learn_gain: bool, use_bias: bool, param_dtype: Any, rngs: nnx.Rngs) -> None:
-    self.parametrization = _check_choice(parametrization, PARAMETRIZATIONS, "parametrization")
-    self.init = _check_choice(init, INITS, "init")
+    self.parametrization = check_choice(parametrization, PARAMETRIZATIONS, "parametrization")
+    self.init = check_choice(init, INITS, "init")
     self.fan_in, self.fan_out = fan_in, fan_out
     self.n, self.p = max(fan_in, fan_out), min(fan_in, fan_out)
     self.num_reflections = _num_reflections(num_reflections, parametrization, self.n, self.p)
@@ -511,11 +502,11 @@ class _OrthogonalBase(nnx.Module):
     generator, signs = initial_generator(rngs.params(), parametrization, init, self.n, self.p,
                                          self.num_reflections, param_dtype)
     self.generator = nnx.Param(generator,
-                               **_sharding.metadata((None,) * generator.ndim))
-    self.signs = nnx.Variable(signs, **_sharding.metadata(_REPLICATED1))
+                               **sharding.metadata((None,) * generator.ndim))
+    self.signs = nnx.Variable(signs, **sharding.metadata(_REPLICATED1))
     gain_cls = nnx.Param if learn_gain else nnx.Variable
-    self.gain = gain_cls(jnp.asarray(gain, param_dtype), **_sharding.metadata(()))
-    self.bias = (nnx.Param(jnp.zeros((fan_out,), param_dtype), **_sharding.metadata(_sharding.BIAS))
+    self.gain = gain_cls(jnp.asarray(gain, param_dtype), **sharding.metadata(()))
+    self.bias = (nnx.Param(jnp.zeros((fan_out,), param_dtype), **sharding.metadata(sharding.BIAS))
                  if use_bias else nnx.data(None))
 
   def matrix(self) -> jax.Array:
@@ -584,8 +575,8 @@ class OrthogonalDense(_OrthogonalBase):
                param_dtype: Any = jnp.float32,
                precision: Any = None,
                rngs: nnx.Rngs):
-    self.in_features = _positive_int(in_features, "in_features")
-    self.out_features = _positive_int(out_features, "out_features")
+    self.in_features = check_positive_int(in_features, "in_features")
+    self.out_features = check_positive_int(out_features, "out_features")
     self.dtype = dtype
     self.precision = precision
     self._init_params(self.in_features, self.out_features,
@@ -600,13 +591,6 @@ class OrthogonalDense(_OrthogonalBase):
     x, kernel, bias = dtypes.promote_dtype((x, self.kernel(), bias), dtype=self.dtype)
     y = lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), precision=self.precision)
     return y if bias is None else y + bias
-
-
-def _as_tuple(value: int | Sequence[int], nd: int, name: str) -> tuple[int, ...]:
-  values = (value,) * nd if isinstance(value, (int, np.integer)) else tuple(value)
-  if len(values) != nd:
-    raise ValueError(f"{name}={value!r} must have {nd} entries (one per spatial axis)")
-  return tuple(_positive_int(v, name) for v in values)
 
 
 class OrthogonalConv(_OrthogonalBase):
@@ -651,48 +635,18 @@ class OrthogonalConv(_OrthogonalBase):
                param_dtype: Any = jnp.float32,
                precision: Any = None,
                rngs: nnx.Rngs):
-    self.in_features = _positive_int(in_features, "in_features")
-    self.out_features = _positive_int(out_features, "out_features")
-    if isinstance(kernel_size, (int, np.integer)):
-      kernel_size = (kernel_size,)
-    self.kernel_size = tuple(kernel_size)
-    nd = len(self.kernel_size)
-    if nd not in (1, 2, 3):
-      raise ValueError(f"kernel_size={kernel_size!r} must have 1, 2 or 3 spatial entries")
-    _as_tuple(self.kernel_size, nd, "kernel_size")
-    self.strides = _as_tuple(strides, nd, "strides")
-    self.kernel_dilation = _as_tuple(kernel_dilation, nd, "kernel_dilation")
-    self.padding = canonical_padding(padding, nd)
-    self.feature_group_count = _positive_int(feature_group_count, "feature_group_count")
-    if self.in_features % self.feature_group_count or \
-        self.out_features % self.feature_group_count:
-      raise ValueError(f"in_features={in_features} and out_features={out_features} must be "
-                       f"divisible by feature_group_count={feature_group_count}")
+    _conv.set_geometry(self, _conv.conv_geometry(in_features, out_features, kernel_size, strides,
+                                                 padding, kernel_dilation, feature_group_count))
     self.dtype = dtype
     self.precision = precision
-    cin = self.in_features // self.feature_group_count
-    self._init_params(math.prod(self.kernel_size) * cin, self.out_features,
-                      self.kernel_size + (cin, self.out_features),
+    self._init_params(self.geometry.fan_in, self.out_features, self.geometry.kernel_shape,
                       parametrization=parametrization, num_reflections=num_reflections,
                       init=init, gain=gain, learn_gain=learn_gain, use_bias=use_bias,
                       param_dtype=param_dtype, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """``conv(x, W) + b``, channels-last, as ``nnx.Conv``."""
-    nd = len(self.kernel_size)
-    if x.ndim < nd + 1:
-      raise ValueError(f"input of shape {x.shape} has fewer than {nd} spatial axes + channels")
     bias = self.bias[...] if self.bias is not None else None
     x, kernel, bias = dtypes.promote_dtype((x, self.kernel(), bias), dtype=self.dtype)
-    batch_shape = x.shape[:x.ndim - nd - 1]
-    x = x.reshape((-1,) + x.shape[x.ndim - nd - 1:])
-    lhs = (0, nd + 1) + tuple(range(1, nd + 1))
-    rhs = (nd + 1, nd) + tuple(range(nd))
-    y = lax.conv_general_dilated(
-        x, kernel, window_strides=self.strides, padding=self.padding,
-        rhs_dilation=self.kernel_dilation,
-        dimension_numbers=lax.ConvDimensionNumbers(lhs, rhs, lhs),
-        feature_group_count=self.feature_group_count, precision=self.precision)
-    if bias is not None:
-      y = y + bias
-    return y.reshape(batch_shape + y.shape[1:])
+    y = _conv.conv(x, kernel, self.geometry, precision=self.precision)
+    return y if bias is None else y + bias

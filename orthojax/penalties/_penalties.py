@@ -36,9 +36,9 @@ References:
   regularizations in training deep CNNs?", NeurIPS 2018 (SO, DSO, MC, SRIP).
   A. Sokol, I. M. Park. "Information geometry of orthogonal initializations
   and training", ICLR 2020 (the halved SO, ``½‖WᵀW − I‖_F²``).
-  Hlav, "Dynamical isometry and a gain-adjusted orthogonal regularizer"
-  (seed ``dynamical_isometry_gain_adjusted_regularizer.txt``; see the errata
-  in :func:`gain_adjusted_so`).
+  Ester Hlav, "Dynamic isometry as a consequence of weight orthogonality
+  for faster and better convergence" (Columbia University) (see
+  the errata in :func:`gain_adjusted_so`).
 """
 
 from __future__ import annotations
@@ -340,15 +340,14 @@ def gain_adjusted_so(
 
   ``gain=1`` is :func:`so`.
 
-  Errata (SPEC §1), relative to the seed paper
-  ``dynamical_isometry_gain_adjusted_regularizer.txt``:
+  Errata, relative to Hlav's note (module References):
 
-  * the seed states the gradient as ``4λ/g⁴ · W(WWᵀ − I)``. That is not
+  * the note states the gradient as ``4λ/g⁴ · W(WWᵀ − I)``. That is not
     the derivative of its own eq. 11: the correct gradient above equals
-    ``(4/g⁴) T (TᵀT − g² I)``, and the seed has ``I`` where ``g² I``
+    ``(4/g⁴) T (TᵀT − g² I)``, and the note has ``I`` where ``g² I``
     belongs, so its "gradient" vanishes at orthonormal ``W`` (gain 1) instead
     of at ``W = g · Q`` — it would undo the gain the penalty is meant to keep;
-  * the seed's Keras snippet, ``mean(square(dot(Wᵀ, W) / g² − 1))``,
+  * the note's Keras snippet, ``mean(square(dot(Wᵀ, W) / g² − 1))``,
     subtracts the *scalar* 1 from every entry instead of the identity (so it
     pulls the off-diagonal entries towards 1, not 0) and averages instead of
     summing. orthojax subtracts the identity; the average is available as

@@ -1,10 +1,10 @@
 """Soft-orthogonality penalties summed over a parameter pytree.
 
-:func:`tree_penalty` applies one of the penalties of
-:mod:`orthojax.penalties._penalties` (or a user callable) to every selected
-leaf of a parameter tree and sums the results. ``mask`` selects the leaves
-and ``views`` says how each is seen as a matrix, with the one convention of
-:mod:`orthojax.linalg._tree` shared by every orthojax transform: ``mask`` None
+:func:`tree_penalty` applies one of the penalties of :mod:`orthojax.penalties`
+(or a user callable) to every selected leaf of a parameter tree and sums the
+results. ``mask`` selects the leaves and ``views`` says how each is seen as a
+matrix, with the one convention of :func:`orthojax.linalg.map_views` shared by
+every orthojax transform: ``mask`` None
 means every leaf with at least 2 axes, a bool at an inner node covers the
 matrices below it (``{"dense": True}`` is the kernel, not the bias); in
 ``views`` None means *infer* and ``False`` means *skip this leaf*; both may be

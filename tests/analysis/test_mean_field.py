@@ -39,7 +39,7 @@ def test_q_recursion():
   with pytest.raises(ValueError, match="q0"):
     oa.q_recursion(-1.0, 1.0, 0.0, "tanh", 2)
   with pytest.raises(ValueError, match="unknown activation"):
-    oa.q_recursion(1.0, 1.0, 0.0, "swish", 2)
+    oa.q_recursion(1.0, 1.0, 0.0, "swishy", 2)
 
 
 @jax.jit

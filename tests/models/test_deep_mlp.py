@@ -165,11 +165,11 @@ def test_riemannian_training_keeps_kernels_on_manifold(weights, learn_scale):
 
 def test_bad_names_and_missing_critical_points():
   rngs = nnx.Rngs(0)
-  with pytest.raises(ValueError, match="activation.*tanh"):
-    DeepMLP(*SMALL, activation="swish", rngs=rngs)
-  with pytest.raises(ValueError, match="init.*gaussian, orthogonal"):
+  with pytest.raises(ValueError, match="activation='swishy'.*'tanh'"):
+    DeepMLP(*SMALL, activation="swishy", rngs=rngs)
+  with pytest.raises(ValueError, match=r"init='xavier'; valid: \['gaussian', 'orthogonal'\]"):
     DeepMLP(*SMALL, init="xavier", rngs=rngs)
-  with pytest.raises(ValueError, match="weights.*euclidean, stiefel, oblique"):
+  with pytest.raises(ValueError, match=r"weights='sphere'.*'euclidean', 'stiefel', 'oblique'"):
     DeepMLP(*SMALL, weights="sphere", rngs=rngs)
   with pytest.raises(ValueError, match="not both"):
     DeepMLP(*SMALL, q_star=0.5, sigma_w=1.0, rngs=rngs)

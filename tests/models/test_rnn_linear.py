@@ -117,9 +117,9 @@ def test_rnn_pixelwise_784_steps():
 
 def test_rnn_bad_arguments():
   rngs = nnx.Rngs(0)
-  with pytest.raises(ValueError, match="recurrent_init.*glorot, orthogonal"):
+  with pytest.raises(ValueError, match=r"recurrent_init='identity'.*\['glorot', 'orthogonal'\]"):
     SequenceRNN(1, recurrent_init="identity", rngs=rngs)
-  with pytest.raises(ValueError, match="recurrent=.*euclidean, stiefel"):
+  with pytest.raises(ValueError, match=r"recurrent='oblique'.*\['euclidean', 'stiefel'\]"):
     SequenceRNN(1, recurrent="oblique", rngs=rngs)
   with pytest.raises(ValueError, match="orthogonal"):
     SequenceRNN(1, recurrent="stiefel", rngs=rngs)       # glorot is not on the manifold
@@ -171,7 +171,7 @@ def test_deep_linear_orthogonal_product_is_scaled_isometry(depth, scale):
 
 
 def test_deep_linear_bad_arguments():
-  with pytest.raises(ValueError, match="init.*gaussian, orthogonal"):
+  with pytest.raises(ValueError, match=r"init='identity'.*\['gaussian', 'orthogonal'\]"):
     DeepLinear(3, 8, init="identity", rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="depth"):
     DeepLinear(1, 8, 4, 2, rngs=nnx.Rngs(0))

@@ -6,7 +6,7 @@ Kernel initializers read shapes through the matrix view of
 numpy float64 computations for initialisation time, not traceable by jax.
 """
 
-from orthojax.nn.initializers._mean_field import ACTIVATIONS
+from orthojax.nn._activations import ACTIVATIONS
 from orthojax.nn.initializers._mean_field import Activation
 from orthojax.nn.initializers._mean_field import chi
 from orthojax.nn.initializers._mean_field import critical_line

@@ -53,6 +53,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from orthojax.nn._activations import ACTIVATIONS
+from orthojax.nn._checks import check_choice
+
 ArrayFn = Callable[[np.ndarray], np.ndarray]
 
 # Half-width of the integration range in units of the standard deviation.
@@ -96,7 +99,14 @@ def _erf_prime(x):
   return (2.0 / math.sqrt(math.pi)) * np.exp(-x * x)
 
 
-_NAMED = {
+def _identity_form(name: str) -> Activation:
+  return Activation(name, lambda x: x, np.ones_like)
+
+
+# Exact float64 forms (φ, φ', kinks) of the registry names where quadrature
+# should not go through jax; the other names of ACTIVATIONS are differentiated
+# with jax.grad like a user's callable (every identity name, None there, is here).
+_CLOSED_FORMS = {
     "tanh": Activation("tanh", np.tanh, _tanh_prime),
     "hard_tanh": Activation(
         "hard_tanh", lambda x: np.clip(x, -1.0, 1.0),
@@ -104,10 +114,9 @@ _NAMED = {
     "erf": Activation("erf", _erf, _erf_prime),
     "relu": Activation(
         "relu", lambda x: np.maximum(x, 0.0), lambda x: (x > 0.0).astype(np.float64), (0.0,)),
-    "linear": Activation("linear", lambda x: x, np.ones_like),
+    "linear": _identity_form("linear"),
+    "identity": _identity_form("identity"),
 }
-
-ACTIVATIONS = tuple(_NAMED)
 
 
 def _eager_float64(fn: Callable[[Any], Any], what: str) -> ArrayFn:
@@ -148,10 +157,12 @@ def resolve_activation(activation: str | Callable | Sequence[Callable] | Activat
   """Turn an activation specification into an :class:`Activation`.
 
   Args:
-    activation: one of the names ``"tanh"``, ``"hard_tanh"``, ``"erf"``,
-      ``"relu"``, ``"linear"``; a callable ``φ`` (elementwise, jax-traceable:
-      ``φ'`` is taken with ``jax.grad``); a pair ``(φ, φ')`` of elementwise
-      callables (any numpy or jax code); or an :class:`Activation`.
+    activation: a name in :data:`orthojax.nn.ACTIVATIONS` (``"tanh"``,
+      ``"hard_tanh"``, ``"erf"``, ``"relu"`` and ``"linear"``/``"identity"``
+      use exact float64 forms, the others their jax function); a callable
+      ``φ`` (elementwise, jax-traceable: ``φ'`` is taken with ``jax.grad``);
+      a pair ``(φ, φ')`` of elementwise callables (any numpy or jax code); or
+      an :class:`Activation`.
 
   Raises:
     ValueError: for an unknown name, listing the known ones.
@@ -160,12 +171,11 @@ def resolve_activation(activation: str | Callable | Sequence[Callable] | Activat
   if isinstance(activation, Activation):
     return activation
   if isinstance(activation, str):
-    try:
-      return _NAMED[activation]
-    except KeyError:
-      raise ValueError(
-          f"unknown activation {activation!r}; known names are {', '.join(ACTIVATIONS)}, "
-          "or pass a callable phi or a pair (phi, phi_prime)") from None
+    if activation in _CLOSED_FORMS:
+      return _CLOSED_FORMS[activation]
+    fn = ACTIVATIONS[check_choice(activation, tuple(ACTIVATIONS), "activation",
+                                  also="a callable phi or a pair (phi, phi_prime)")]
+    return Activation(activation, _eager_float64(fn, "phi"), _grad_float64(fn))
   is_pair = isinstance(activation, (tuple, list)) and len(activation) == 2
   if is_pair and all(map(callable, activation)):
     phi, dphi = activation
