@@ -48,6 +48,7 @@ SUITE = "scale"
 FLAGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "flags"
 WITHIN_5 = Target("<=", 0.05)
 REPORTS: dict[str, aot.CompileReport] = {}   # name -> report, for docs/scale.md
+ANALYTIC: dict[str, float] = {}               # name -> analytic train FLOPs per example
 
 
 def flagfile_config(name: str, *overrides: str):
@@ -161,7 +162,7 @@ def run(quick: bool = False, on_report: Callable[[str, aot.CompileReport], None]
                          f"({report.bound_by}); compile {report.compile_seconds:.0f} s"))
     if "optimizer" not in how and (config.model.startswith("resnet") or
                                    config.weights == "euclidean"):
-      analytic = analytic_train_flops(config, info)
+      analytic = ANALYTIC[name] = analytic_train_flops(config, info)
       rows.append(row(SUITE, f"{name}: |FLOPs / analytic − 1|",
                       abs(report.flops_per_example / analytic - 1), "", WITHIN_5,
                       note=f"analytic {analytic / 1e9:.4g} GFLOP per example"))
@@ -187,3 +188,46 @@ def _ratios() -> list[Row]:
                    fsdp.memory["arguments"] / data.memory["arguments"], "x", Target("<=", 0.3),
                    note=f"all-gathers {int(fsdp.collectives.get('all-gather', {}).get('count', 0))}"))
   return out
+
+
+def markdown(reports: dict[str, aot.CompileReport], analytic: dict[str, float]) -> str:
+  """One row per compiled job, as docs/scale.md shows them."""
+  head = ("| job | topology | mesh (data × fsdp) | batch (global / chip) | HBM per chip, train "
+          "(of capacity) | GFLOP per example (analytic) | HBM bytes per step per chip | "
+          "collectives per step | roofline: examples/s per chip ≤ | compile (s) |")
+  lines = [head, "|" + "|".join("---" for _ in range(head.count("|") - 1)) + "|"]
+  for name, r in reports.items():
+    t = r.train
+    coll = ", ".join(f"{k} {int(v['count'])}× ({v['bytes'] / 2 ** 20:.0f} MiB)"
+                     for k, v in sorted(t.collectives.items())) or "—"
+    flops = f"{r.flops_per_example / 1e9:.4g}"
+    if name in analytic:
+      flops += f" ({analytic[name] / 1e9:.4g})"
+    slices = f" × {r.num_slices}" if r.num_slices > 1 else ""
+    lines.append(
+        f"| {name.rsplit(' ', 1)[0]} | {r.topology}{slices} | {r.mesh['data']} × {r.mesh['fsdp']} | "
+        f"{r.global_batch} / {r.per_chip_batch:g} | {t.memory['total'] / 2 ** 30:.2f} GiB "
+        f"({r.chip.hbm_bytes / 2 ** 30:.0f}) | {flops} | {t.bytes_accessed / 2 ** 30:.3g} GiB | "
+        f"{coll} | {r.examples_per_sec_per_chip_bound:.4g} ({r.bound_by}) | "
+        f"{r.compile_seconds:.0f} |")
+  return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+  """``python -m benchmarks.scale_bench [--quick]``: compile every case, print the
+  rows and the docs/scale.md table."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.scale_bench")
+  parser.add_argument("--quick", action="store_true", help="the first four cases only")
+  args = parser.parse_args(argv)
+  def note(name: str, report: aot.CompileReport) -> None:
+    print(f"{name}:\n{report.table()}\n", flush=True)
+
+  rows = run(args.quick, on_report=note)
+  for r in rows:
+    print(f"{r.case}: {r.value:.4g} {r.unit} {r.target} {r.status} {r.note}")
+  print("\n" + markdown(REPORTS, ANALYTIC))
+
+
+if __name__ == "__main__":
+  main()

@@ -115,8 +115,8 @@ def compile_runs(runs: Sequence[Run], workdir: str, *, print_fn: Callable[..., N
   Prints one table per program, writes them all to ``<workdir>/compile_report.json``
   (nothing is written without ``--workdir``) and exits 0, or 1 with one line
   when the topology, the mesh or the batch is wrong or a program does not fit
-  the chip's HBM. A run's own ``devices`` (tiny runs pinned to one CPU) give
-  way to the topology's chips.
+  the chip's HBM. A run its experiment pins to ``n`` devices (tiny full-batch
+  runs on one) compiles for the topology's first ``n`` chips.
   """
   from orthojax.train import aot  # pylint: disable=g-import-not-at-top
   from orthojax.train import topology  # pylint: disable=g-import-not-at-top
@@ -133,7 +133,8 @@ def compile_runs(runs: Sequence[Run], workdir: str, *, print_fn: Callable[..., N
       print_fn(f"Compiling {run.name or 'the run'} for {target}"
                + (f" × {run.config.num_slices} slices" if run.config.num_slices > 1 else "")
                + " …", flush=True)
-      report = aot.compile_for(run.config, target)
+      report = aot.compile_for(run.config, target,
+                               num_chips=len(run.devices) if run.devices else None)
       reports[run.name or "run"] = report
       configs.append(run.config)
       print_fn(report.table() + "\n", flush=True)

@@ -152,7 +152,8 @@ class CompileReport:
                      for k, v in sorted(t.collectives.items())) or "none"
     rows = [
         ("topology", f"{self.topology}" + (f" × {self.num_slices} slices" if self.num_slices > 1
-                                           else "") + f" ({self.num_chips} {chip.name} chips)"),
+                                           else "") + f" ({self.num_chips} {chip.name} chip"
+                                           + ("s)" if self.num_chips > 1 else ")")),
         ("mesh", " × ".join(f"{k} {v}" for k, v in self.mesh.items())),
         ("batch", f"global {self.global_batch}, per chip {self.per_chip_batch:g}"
                   + (f", {self.grad_accum_steps} micro-batches" if self.grad_accum_steps > 1
@@ -203,7 +204,7 @@ def _does_not_fit(config: Config, topology: str, chip: topology_lib.ChipSpec, ne
 
 
 def compile_for(config: Config, topology: str, *, num_slices: int | None = None,
-                model_fn: ModelFn | None = None,
+                num_chips: int | None = None, model_fn: ModelFn | None = None,
                 optimizer: OptimizerArg | None = None) -> CompileReport:
   """Compile the run of ``config`` for ``topology`` and report on it.
 
@@ -211,6 +212,8 @@ def compile_for(config: Config, topology: str, *, num_slices: int | None = None,
     config: the run's config; its mesh axes are taken over the topology's
       chips (``--num_slices`` from ``num_slices`` when given, else the config).
     topology: e.g. ``"v5e:4x4"`` (:class:`orthojax.train.topology.Topology`).
+    num_chips: use only the topology's first ``num_chips`` chips (a run that its
+      experiment pins to fewer devices, e.g. tiny full-batch runs on one).
     model_fn, optimizer: as for :func:`~orthojax.train.program.build_program`.
 
   Raises:
@@ -222,7 +225,7 @@ def compile_for(config: Config, topology: str, *, num_slices: int | None = None,
   config = config.replace(num_slices=slices)
   info = data_lib.dataset_info(config.dataset, data_dir=config.data_dir or None,
                                published=True, **config.options)
-  devices = target.devices()
+  devices = target.devices()[:num_chips]
   program = build_program(config, info, devices=devices,
                           num_processes=len({d.process_index for d in devices}),
                           model_fn=model_fn, optimizer=optimizer)
@@ -235,9 +238,9 @@ def compile_for(config: Config, topology: str, *, num_slices: int | None = None,
     need = f"{sizes[0]} of temporaries per chip" if sizes else "more HBM than the chip has"
     raise _does_not_fit(config, topology, target.chip, need, state_gib=None,
                         temporaries_gib=None, fsdp=program.mesh.shape["fsdp"],
-                        num_chips=target.num_chips) from None
+                        num_chips=len(devices)) from None
   return CompileReport(
-      topology=topology, num_slices=slices, chip=target.chip, num_chips=target.num_chips,
+      topology=topology, num_slices=slices, chip=target.chip, num_chips=len(devices),
       mesh=dict(program.mesh.shape), global_batch=config.batch_size,
       grad_accum_steps=config.grad_accum_steps, compute_dtype=config.compute_dtype,
       compile_seconds=compiled.seconds, train=StepReport.of(compiled.train_step),

@@ -84,19 +84,33 @@ def parse(hlo_text: str) -> tuple[dict[str, list[Instruction]], str]:
   return computations, entry
 
 
-def _trip_count(condition: list[Instruction]) -> int | None:
-  """N of a loop condition ``i < N`` (``i`` from 0); None if it has another form."""
+def _trip_count(loop: Instruction, computations: dict[str, list[Instruction]]) -> int | None:
+  """How often a ``while`` runs its body: XLA's ``known_trip_count`` annotation where
+  the backend writes one (CPU, GPU), else N of a condition ``i < N`` with ``i`` from 0
+  (TPU), the compare on its own or wrapped in a fusion; None for any other form."""
+  known = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', loop.rest)
+  if known:
+    return int(known.group(1))
+  cond = re.search(r"condition=%?([\w.\-]+)", loop.rest)
+  condition = computations.get(cond.group(1), []) if cond else []
   constants = {}
   for ins in condition:
     if ins.op == "constant":
       value = re.match(r"\s*(-?\d+)\)", ins.rest)
       if value:
         constants[ins.name] = int(value.group(1))
+
+  def is_less_than(ins: Instruction) -> bool:
+    if ins.op == "compare":
+      return "direction=LT" in ins.rest
+    callee = re.search(r"calls=%?([\w.\-]+)", ins.rest)
+    body = computations.get(callee.group(1), []) if ins.op == "fusion" and callee else []
+    return len(body) > 0 and body[-1].op == "compare" and "direction=LT" in body[-1].rest
+
   for ins in condition:
-    if ins.op == "compare" and "direction=LT" in ins.rest:
-      operands = _OPERAND.findall(ins.rest.split(")")[0])
-      if len(operands) == 2 and operands[1] in constants:
-        return constants[operands[1]]
+    operands = _OPERAND.findall(ins.rest.split(")")[0])
+    if is_less_than(ins) and len(operands) == 2 and operands[1] in constants:
+      return constants[operands[1]]
   return None
 
 
@@ -121,8 +135,7 @@ class Module:
       for ins in computations.get(name, ()):
         trips = 1
         if ins.op == "while":
-          cond = re.search(r"condition=%?([\w.\-]+)", ins.rest)
-          found = _trip_count(computations.get(cond.group(1), [])) if cond else None
+          found = _trip_count(ins, computations)
           trips = found if found is not None else 1
           unknown += found is None
         for kind, callees in _CALLEE.findall(ins.rest):
@@ -192,6 +205,21 @@ def _matmul_flops(ins: Instruction, types: dict[str, str]) -> float:
       return 0.0
     contracted = math.prod(rhs_shape) // rhs_shape[labels.group(1).index("o")]
   return 2.0 * out_elements * contracted
+
+
+def lapack_qr_flops(module: Module) -> float:
+  """FLOPs of the LAPACK QR custom calls XLA:CPU makes (``jnp.linalg.qr``), which its
+  cost analysis does not count: Householder ``geqrf`` of an m × n matrix (m ≥ n) costs
+  2mn² − 2n³/3, forming Q with ``orgqr`` the same again (Golub & Van Loan, *Matrix
+  Computations*, 4th ed., §5.2.2)."""
+  total = 0.0
+  for ins, count, _ in module.instructions():
+    target = re.search(r'custom_call_target="([^"]+)"', ins.rest) if ins.op == "custom-call" else None
+    if target and re.search(r"geqrf|orgqr|ungqr", target.group(1)):
+      *batch, m, n = _arrays(ins.type)[0][1]
+      m, n = max(m, n), min(m, n)
+      total += count * math.prod(batch) * (2 * m * n * n - 2 * n ** 3 / 3)
+  return total
 
 
 def loop_corrected_flops(xla_flops: float, module: Module) -> float:

@@ -10,7 +10,7 @@ One mesh with three named axes (big_vision / MaxText naming):
 
 The batch dimension is split over ``("data", "fsdp")``. Parameters are
 sharded by **rules**, not in model code: orthojax layers record logical axis
-names (``fan_in``, ``fan_out``, ``layers``, … — :mod:`orthojax.nn._sharding`)
+names (``fan_in``, ``fan_out``, ``layers``, … — :mod:`orthojax.nn.sharding`)
 and :data:`DEFAULT_RULES` map them to mesh axes. A parameter without logical
 names (a plain ``nnx.Linear`` kernel, BatchNorm scale) falls back to the
 big_vision FSDP heuristic: its largest axis divisible by the ``fsdp`` size is

@@ -1,0 +1,43 @@
+"""``--compile_for`` on every trainer-based experiment module, as a user runs it.
+
+Each smoke flagfile compiles for a 2×2 v5e slice with libtpu: one table and one
+``compile_report.json`` entry per distinct program of the experiment (runs that
+differ only in seed or data split share one), nothing trained. Runs that their
+experiment pins to one device (tiny full-batch ones) compile for one chip.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orthojax.train import topology
+from tests.experiments import _cli
+
+pytestmark = pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu not installed")
+
+# module, flagfile, extra flags, distinct programs, chips per program
+CASES = [
+    ("resnet50", "resnet50_smoke", (), 1, 4),
+    ("vgg6_imagenet32", "vgg6_smoke", ("--vgg_variants=bn",), 1, 4),
+    ("critical_tanh", "critical_tanh_smoke", (), 4, 4),
+    ("seq_mnist", "seq_mnist_smoke", (), 5, 4),
+    ("uci", "uci_smoke", (), 2, 1),
+    ("deep_linear", "deep_linear_smoke", (), 4, 1),
+    ("gmp_toys", "gmp_toys_smoke", (), 4, 1),
+]
+
+
+@pytest.mark.parametrize("module,flagfile,extra,programs,chips", CASES, ids=[c[0] for c in CASES])
+def test_experiment_compiles_its_programs_and_trains_nothing(tmp_path, module, flagfile, extra,
+                                                             programs, chips):
+  workdir = tmp_path / "w"
+  proc = _cli.run(module, f"--flagfile=experiments/flags/{flagfile}.flags",
+                  "--compile_for=v5e:2x2", f"--workdir={workdir}", *extra)
+  reports = json.loads((workdir / "compile_report.json").read_text())
+  assert len(reports) == programs == proc.stdout.count("HBM per chip (train)")
+  for report in reports.values():
+    assert report["num_chips"] == chips and report["fits"]
+    assert report["flops_per_example"] > 0
+  assert sorted(p.name for p in workdir.iterdir()) == ["compile_report.json"]

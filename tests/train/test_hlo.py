@@ -1,0 +1,92 @@
+"""The optimized-HLO reader on the CPU backend (no libtpu needed): loop trip counts,
+loop-weighted matmul FLOPs against closed forms, LAPACK QR FLOPs, collectives."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from orthojax.train import hlo
+
+
+def _module(fn, *args) -> tuple[hlo.Module, float]:
+  compiled = jax.jit(fn).lower(*args).compile()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return hlo.Module.from_text(compiled.as_text()), float(cost["flops"])
+
+
+@pytest.mark.parametrize("layers", [3, 12])
+def test_scanned_matmuls_are_weighted_by_the_trip_count(layers):
+  n, batch = 64, 32
+
+  def forward(ws, x):
+    return jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)[0]
+
+  module, xla = _module(forward, jnp.ones((layers, n, n)), jnp.ones((batch, n)))
+  analytic = 2 * batch * n * n * layers
+  assert module.unknown_loops == 0
+  assert module.matmul_flops() == pytest.approx(analytic)
+  assert hlo.loop_corrected_flops(xla, module) == pytest.approx(analytic, rel=0.05)
+
+
+def test_dot_and_convolution_flops_without_loops():
+  x, w = jnp.ones((8, 16, 16, 3)), jnp.ones((3, 3, 3, 5))
+  conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  module, _ = _module(conv, x, w)
+  assert module.matmul_flops() == pytest.approx(2 * 8 * 16 * 16 * 5 * 3 * 3 * 3)
+  module, _ = _module(lambda a, b: a @ b, jnp.ones((7, 11)), jnp.ones((11, 13)))
+  assert module.matmul_flops() == 2 * 7 * 11 * 13
+
+
+@pytest.mark.parametrize("shape", [(40, 20), (3, 40, 20), (20, 40)], ids=["tall", "batched", "wide"])
+def test_lapack_qr_flops(shape):
+  module, _ = _module(lambda x: jnp.linalg.qr(x)[0], jnp.ones(shape))
+  *batch, m, n = shape
+  k = min(m, n)
+  householder = lambda rows, cols: 2 * rows * cols ** 2 - 2 * cols ** 3 / 3   # rows >= cols
+  per_matrix = householder(max(m, n), k) + householder(m, k)   # geqrf, then Q (m × k)
+  assert hlo.lapack_qr_flops(module) == pytest.approx(np.prod(batch or [1]) * per_matrix)
+
+
+def test_collectives_counted_with_result_bytes():
+  mesh = jax.make_mesh((4,), ("d",), devices=jax.devices()[:4],
+                       axis_types=(jax.sharding.AxisType.Auto,))
+  sharded = NamedSharding(mesh, P("d"))
+  fn = jax.jit(lambda x: jnp.sum(x, axis=0), in_shardings=sharded,
+               out_shardings=NamedSharding(mesh, P()))
+  module = hlo.Module.from_text(fn.lower(jnp.ones((8, 256))).compile().as_text())
+  collectives = module.collectives()
+  assert collectives["all-reduce"]["count"] == 1
+  assert collectives["all-reduce"]["bytes"] == 256 * 4
+
+
+def test_parse_reads_computations_and_the_entry():
+  text = """HloModule m, entry_computation_layout={()->f32[]}
+
+%cond (p: (s32[], f32[4])) -> pred[] {
+  %p = (s32[], f32[4]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(7)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %p = (s32[], f32[4]) parameter(0)
+  ROOT %t = (s32[], f32[4]) tuple(%p)
+}
+
+ENTRY %main () -> f32[] {
+  %init = (s32[], f32[4]) tuple()
+  %w = (s32[], f32[4]) while(%init), condition=%cond, body=%body
+  ROOT %r = f32[] constant(0)
+}
+"""
+  module = hlo.Module.from_text(text)
+  assert module.entry == "main"
+  assert module.runs == {"main": 1, "cond": 1, "body": 7}
