@@ -141,6 +141,18 @@ def _cases(quick: bool):
   for topo in ("v5e:8x8", "v4:2x2x4"):
     for norm in ("bn", "gmp_imn", "wn_mbn"):
       yield f"E1 {norm} {topo}", e1(norm), topo, {}
+  if _cuda_plugin():   # the gpu-compile extra: deviceless H100 compiles
+    yield "E1 bn h100:1x1x8", e1("bn"), "h100:1x1x8", {}
+    yield "E1 gmp_imn h100:1x1x8", e1("gmp_imn"), "h100:1x1x8", {}
+    yield "E5 euclidean h100:1x1x8", e5("--weights=euclidean", "--optimizer=sgd"), "h100:1x1x8", {}
+
+
+def _cuda_plugin() -> bool:
+  try:
+    import jax_plugins.xla_cuda12  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    return False
+  return True
 
 
 def run(quick: bool = False, on_report: Callable[[str, aot.CompileReport], None] | None = None

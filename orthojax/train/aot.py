@@ -78,7 +78,7 @@ class StepReport:
 
   @classmethod
   def of(cls, compiled: Any) -> "StepReport":
-    cost = compiled.cost_analysis()
+    cost = compiled.cost_analysis() or _hlo_cost_analysis(compiled)
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     module = hlo.Module.from_text(compiled.as_text())
     stats = compiled.memory_analysis()
@@ -92,6 +92,22 @@ class StepReport:
                matmul_flops=module.matmul_flops(), xla_flops=xla_flops,
                bytes_accessed=float(cost.get("bytes accessed", 0.0)), memory=memory,
                collectives=module.collectives(), unknown_loops=module.unknown_loops)
+
+
+def _hlo_cost_analysis(compiled: Any) -> dict[str, float]:
+  """XLA's HLO cost analysis of an executable whose client cannot run it.
+
+  A compile-only GPU client answers ``cost_analysis()`` with UNIMPLEMENTED, so
+  the optimized module is analysed through the CPU client instead. This uses
+  jaxlib's ``hlo_module_cost_analysis``, a private binding (no public API does
+  this in jax 0.10); on failure the FLOPs and bytes are reported as 0.
+  """
+  try:
+    from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
+    module = compiled.runtime_executable().hlo_modules()[0]
+    return dict(_jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module))
+  except Exception:  # pylint: disable=broad-except
+    return {}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,12 +1,20 @@
-"""TPU topologies without TPUs: abstract devices and the chips' published specs.
+"""Accelerator topologies without the accelerators: abstract devices and chip specs.
 
-``jax.experimental.topologies.get_topology_desc`` (backed by ``libtpu``, which
-installs on any Linux machine) describes a TPU slice's devices — their
-coordinates, hosts and slices — without the hardware, and compiling a
-``jax.jit`` for a mesh over them yields the real TPU executable. This module
-names topologies the way ``gcloud`` and the Cloud TPU docs do
-(``v5e:4x4``, ``v4:2x2x4``, ``v5p:2x2x2``, ``v6e:8x8``: generation, then the
-chip grid) and holds each generation's specs for roofline bounds.
+``jax.experimental.topologies.get_topology_desc`` describes a slice's devices —
+their coordinates, hosts and slices — without the hardware, and compiling a
+``jax.jit`` for a mesh over them yields the real executable:
+
+* TPUs through ``libtpu`` (installs on any Linux machine; the ``tpu`` extra).
+  Topologies are named the way ``gcloud`` and the Cloud TPU docs do
+  (``v5e:4x4``, ``v4:2x2x4``, ``v5p:2x2x2``, ``v6e:8x8``: generation, then the
+  chip grid).
+* NVIDIA H100s through jax's CUDA plugin and the CUDA compiler wheels (the
+  ``gpu-compile`` extra), from a target description instead of a device
+  (openxla/xla#16913): ``h100:1x1x8`` is slices × hosts × GPUs per host. XLA
+  cannot autotune without the GPU, so kernels get heuristic tilings; memory
+  and FLOPs are the compiler's, a timing it cannot give.
+
+Each chip's published specs feed the roofline bounds.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ class ChipSpec:
     hbm_bandwidth: HBM bytes/s per chip.
     megacore: two TensorCores presented as one device (v4, v5p).
     source: where the numbers are published.
+    platform: ``"tpu"`` or ``"cuda"``.
   """
 
   name: str
@@ -37,6 +46,7 @@ class ChipSpec:
   hbm_bandwidth: float
   megacore: bool
   source: str
+  platform: str = "tpu"
 
 
 GiB = 2 ** 30
@@ -49,8 +59,27 @@ CHIPS: dict[str, ChipSpec] = {
     "v5e": ChipSpec("v5e", 197e12, 16 * GiB, 819e9, False, _DOCS + "v5e"),
     "v5p": ChipSpec("v5p", 459e12, 95 * GiB, 2765e9, True, _DOCS + "v5p"),
     "v6e": ChipSpec("v6e", 918e12, 32 * GiB, 1640e9, False, _DOCS + "v6e"),
+    # SXM5 80 GB: 989 TFLOP/s dense bf16 (1,979 with 2:4 sparsity), 3.35 TB/s.
+    "h100": ChipSpec("h100", 989e12, 80 * 10 ** 9, 3.35e12, False,
+                     "https://www.nvidia.com/en-us/data-center/h100/", platform="cuda"),
 }
-_NAME = re.compile(r"^(v\d+[a-z]*):(\d+(?:x\d+)+)$")
+
+# XLA's GpuTargetConfigProto of an H100 SXM5 80 GB (132 SMs, 50 MiB L2, compute
+# capability 9.0): what the compiler would otherwise read off the device.
+H100_TARGET_CONFIG = """gpu_device_info {
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132
+  fpus_per_core: 128 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
+  block_dim_limit_z: 65535 memory_bandwidth: 3352320000000 l2_cache_size: 52428800
+  clock_rate_ghz: 1.98 device_memory_size: 84942979072 shared_memory_per_block_optin: 232448
+  cuda_compute_capability { major: 9 }
+  registers_per_core_limit: 65536 registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+dnn_version_info { major: 9 minor: 8 }
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
+_NAME = re.compile(r"^(v\d+[a-z]*|h100):(\d+(?:x\d+)+)$")
 
 
 class TopologyError(ValueError):
@@ -79,13 +108,17 @@ class Topology:
     if not match or match.group(1) not in CHIPS:
       raise TopologyError(
           f"--compile_for={name}: unknown topology; give a generation ({', '.join(CHIPS)}) "
-          f"and a chip grid, e.g. v5e:4x4, v5e:8x8, v4:2x2x4, v5p:2x2x2, v6e:2x4")
+          f"and a chip grid, e.g. v5e:4x4, v5e:8x8, v4:2x2x4, v5p:2x2x2, v6e:2x4, h100:1x1x8")
     if not isinstance(num_slices, int) or num_slices < 1:
       raise TopologyError(f"--num_slices={num_slices}: must be an integer >= 1")
     grid = tuple(int(d) for d in match.group(2).split("x"))
     if 0 in grid:
       raise TopologyError(f"--compile_for={name}: a chip grid has no zero dimension")
-    return cls(name=name, chip=CHIPS[match.group(1)], grid=grid, num_slices=num_slices)
+    chip = CHIPS[match.group(1)]
+    if chip.platform == "cuda" and (len(grid) != 3 or num_slices != 1):
+      raise TopologyError(f"--compile_for={name}: GPU topologies are slices x hosts x GPUs per "
+                          f"host, e.g. h100:1x1x8 or h100:1x2x8 (no --num_slices)")
+    return cls(name=name, chip=chip, grid=grid, num_slices=num_slices)
 
   @property
   def chips_per_slice(self) -> int:
@@ -96,7 +129,9 @@ class Topology:
     return self.chips_per_slice * self.num_slices
 
   def devices(self) -> list[Any]:
-    """Abstract TPU devices of every slice (needs ``libtpu``; see :func:`libtpu_available`)."""
+    """Abstract devices of every slice (TPU: ``libtpu``; GPU: jax's CUDA plugin)."""
+    if self.chip.platform == "cuda":
+      return self._gpu_devices()
     if not libtpu_available():
       raise TopologyError("--compile_for: needs libtpu (pip install 'orthojax[tpu]', or the "
                           "libtpu version jax's 'tpu' extra names)")
@@ -117,6 +152,19 @@ class Topology:
       raise TopologyError(f"--compile_for={self.name}: libtpu gave {len(devices)} devices for "
                           f"{self.num_chips} chips")
     return devices
+
+
+  def _gpu_devices(self) -> list[Any]:
+    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+    try:
+      description = topologies.get_topology_desc(
+          platform="cuda", topology="x".join(map(str, self.grid)),
+          target_config=H100_TARGET_CONFIG)
+    except Exception as e:   # no plugin, or a JAX_PLATFORMS that made it fail to register
+      raise TopologyError(
+          f"--compile_for={self.name}: jax's CUDA plugin cannot describe it ({type(e).__name__}"
+          f"); pip install -e '.[gpu-compile]' and run with JAX_PLATFORMS=cpu") from e
+    return list(description.devices)
 
 
 def libtpu_available() -> bool:

@@ -66,7 +66,7 @@ def test_topology_table_and_names():
   assert len(t.devices()) == 16   # megacore: one device per chip, not per TensorCore
   two = topology.Topology.parse("v5e:2x2", num_slices=2)
   assert {d.slice_index for d in two.devices()} == {0, 1}
-  for bad in ("v5e", "v7x:2x2", "v5e:2x0", "tpu-v5e-16", ""):
+  for bad in ("v5e", "v7x:2x2", "v5e:2x0", "tpu-v5e-16", "", "h100:8", "h100:1x2x2x2"):
     with pytest.raises(topology.TopologyError, match="--compile_for"):
       topology.Topology.parse(bad)
 
@@ -166,6 +166,23 @@ def test_compile_check_builds_the_step_the_run_uses():
   jaxpr = lambda p: str(jax.make_jaxpr(p.step_fn)(unsharded(jax.eval_shape(p.init)),
                                                  unsharded(p.abstract_batch())))
   assert jaxpr(cpu) == jaxpr(tpu)
+
+
+def _cuda_plugin() -> bool:
+  try:
+    import jax_plugins.xla_cuda12  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    return False
+  return True
+
+
+@pytest.mark.skipif(not _cuda_plugin(), reason="deviceless GPU compiles need the "
+                    "gpu-compile extra (jax's CUDA plugin), which CI does not install")
+def test_h100_deviceless_compile_counts_the_same_flops(data_report):
+  report = aot.compile_for(_deep_mlp(), "h100:1x1x4")
+  assert report.chip.platform == "cuda" and report.num_chips == 4
+  assert report.train.memory["arguments"] > 0
+  assert report.flops_per_example == pytest.approx(data_report.flops_per_example, rel=0.02)
 
 
 def test_bad_config_for_the_topology():
