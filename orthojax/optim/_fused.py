@@ -93,6 +93,15 @@ def _sq(x):
   return jnp.sum(jnp.square(x), axis=(-2, -1))
 
 
+def _debias(decay, count, dtype):
+  """Adam's bias correction ``1 - decay**count`` as ``optax.tree.bias_correction``.
+
+  Evaluated in JAX's default float (float64 under ``jax_enable_x64``), then
+  cast to the leaf's compute ``dtype``.
+  """
+  return (1.0 - decay ** count).astype(dtype)
+
+
 def supports_fused(manifold: Any, nesterov: bool = False) -> bool:
   """Whether :func:`fused_stiefel_adam` computes ``radam(manifold, ...)``."""
   del nesterov  # both variants are fused
@@ -178,11 +187,9 @@ def fused_stiefel_adam(
     _require_params(params, "radam")
     empty, adam_state, lr_state, retract_state = state
     count = optax.safe_increment(adam_state.count)
-    tf = count.astype(jnp.float32)
-    c1 = 1.0 - b1 ** tf
-    c2 = 1.0 - b2 ** tf
-    # -lr as the chain's learning-rate link computes it (schedules included).
-    neg_lr, lr_state = lr_link.update(jnp.ones([], jnp.float32), lr_state)
+    # -lr as the chain's learning-rate link computes it (schedules included),
+    # in JAX's default float (float64 under jax_enable_x64), cast per leaf.
+    neg_lr, lr_state = lr_link.update(jnp.ones([], jnp.result_type(float)), lr_state)
     retract_count = optax.safe_increment(retract_state.count)
 
     def leaf(w, g, m, v, view):
@@ -190,6 +197,7 @@ def fused_stiefel_adam(
       dtype = linalg.compute_dtype(jnp.result_type(w, g))
       x, gt, mt = (lo.to_tall(jnp.asarray(a, dtype)) for a in (w, g, m.astype(g.dtype)))
       n, p = x.shape[-2], x.shape[-1]
+      c1, c2 = _debias(b1, count, dtype), _debias(b2, count, dtype)
       a = _t(x) @ gt                                    # W^T G
       b = _t(x) @ mt                                    # W^T m
       s_g = _sym(a)
@@ -208,9 +216,9 @@ def fused_stiefel_adam(
       # The chain stores m in its state dtype and uses that value.
       m_new = m_new.astype(m.dtype).astype(dtype) if m.dtype != dtype else m_new
       if nesterov:
-        m_hat = b1 * m_new / (1.0 - b1 * b1 ** tf) + (1.0 - b1) * g_r / c1
-        omega_m = (b1 / (1.0 - b1 * b1 ** tf)) * _skew(b1 * b + (1.0 - b1) * a) + \
-            ((1.0 - b1) / c1) * _skew(a)
+        c1_next = _debias(b1, optax.safe_increment(count), dtype)
+        m_hat = b1 * m_new / c1_next + (1.0 - b1) * g_r / c1
+        omega_m = (b1 / c1_next) * _skew(b1 * b + (1.0 - b1) * a) + ((1.0 - b1) / c1) * _skew(a)
       else:
         m_hat = m_new / c1
         omega_m = _skew(b1 * b + (1.0 - b1) * a) / c1
