@@ -3,7 +3,7 @@
 A :class:`Manifold` is a small, immutable, hashable description (so it can be
 a static argument and an Optax closure). Its public methods take parameters in
 their own layout (Dense ``(in, out)``, conv ``(kh, kw, cin, cout)``, stacks)
-plus an optional ``view`` (see :mod:`orthojax.linalg._matrix_view`); they turn
+plus an optional ``view`` (see :class:`orthojax.linalg.MatrixView`); they turn
 the parameter into its tall matrix ``(*batch, n, p)``, call the subclass's
 ``_method`` on it in at least float32, and map the result back to the
 parameter's layout and dtype. Subclasses implement only the tall-matrix maths.

@@ -47,19 +47,6 @@ _RETRACTIONS = ("qr", "cayley", "polar", "newton_schulz")
 _METRICS = ("euclidean", "canonical")
 
 
-def _t(x):
-  return jnp.swapaxes(x, -1, -2)
-
-
-def _sym(a):
-  return 0.5 * (a + _t(a))
-
-
-def frobenius(x, keepdims=False):
-  """Frobenius norm over the last two axes."""
-  return jnp.sqrt(jnp.sum(jnp.square(x), axis=(-2, -1), keepdims=keepdims))
-
-
 def cayley_generator(w, v, dense: bool | None = None):
   """The skew ``A`` with ``A W = P_W(V)`` (Wen & Yin 2013), low-rank or dense.
 
@@ -72,13 +59,13 @@ def cayley_generator(w, v, dense: bool | None = None):
   Returns:
     ``A`` as an (..., n, n) array or a :class:`orthojax.linalg.LowRank`.
   """
-  vh = v - 0.5 * (w @ (_t(w) @ v))
+  vh = v - 0.5 * (w @ (w.mT @ v))
   n, p = w.shape[-2], w.shape[-1]
   if dense is None:
     dense = n < 2 * p
   if dense:
-    a = vh @ _t(w)
-    return a - _t(a)
+    a = vh @ w.mT
+    return a - a.mT
   return linalg.LowRank(u=jnp.concatenate([vh, w], -1), v=jnp.concatenate([w, -vh], -1))
 
 
@@ -90,6 +77,13 @@ def polar_newton_schulz(x, tol=None, max_steps=12):
   prediction is below ``tol`` (per batch: when every matrix is done), after
   the step, so no Gram matrix is formed only to be checked. Needs every
   singular value of ``x`` in (0, sqrt(3)).
+
+  The iterates are those of :func:`orthojax.linalg.newton_schulz` with
+  ``coeffs="cubic", normalize=False`` (Björck & Bowie, SIAM J. Numer. Anal.
+  8(2), 1971). That function is not called here because it runs a fixed,
+  compiled schedule (what Muon needs) and does not expose the step's Gram
+  matrix: testing convergence there would cost a third product per
+  iteration, and a fixed count would waste iterations on small steps.
   """
   p = x.shape[-1]
   eye = jnp.eye(p, dtype=x.dtype)
@@ -102,8 +96,8 @@ def polar_newton_schulz(x, tol=None, max_steps=12):
 
   def body(state):
     k, x, _ = state
-    s = _t(x) @ x
-    delta = 0.75 * jnp.max(frobenius(s - eye)) ** 2
+    s = x.mT @ x
+    delta = 0.75 * jnp.max(jnp.linalg.matrix_norm(s - eye)) ** 2
     return k + 1, x @ (1.5 * eye - 0.5 * s), delta
 
   _, x, _ = jax.lax.while_loop(cond, body, (0, x, jnp.asarray(jnp.inf, x.dtype)))
@@ -142,11 +136,11 @@ class Stiefel(Manifold):
     self.ns_tol = None if ns_tol is None else float(ns_tol)
 
   def _project(self, w, v):
-    return v - w @ _sym(_t(w) @ v)
+    return v - w @ linalg.sym(w.mT @ v)
 
   def _egrad_to_rgrad(self, w, g):
     if self.metric == "canonical":
-      return g - w @ (_t(g) @ w)
+      return g - w @ (g.mT @ w)
     return self._project(w, g)
 
   def _retract(self, w, v):
@@ -168,7 +162,7 @@ class Stiefel(Manifold):
 
   def _defect(self, w):
     eye = jnp.eye(w.shape[-1], dtype=w.dtype)
-    return frobenius(_t(w) @ w - eye)
+    return jnp.linalg.matrix_norm(w.mT @ w - eye)
 
   def _random(self, key, batch_shape, n, p, dtype):
     return linalg.qr_orthonormalize(gaussian(key, batch_shape, n, p, dtype))

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import optax
 
 from orthojax import linalg
-from orthojax.linalg._tree import map_views, unzip
+from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import cayley_generator
 from orthojax.optim._riemannian import _require_params
 
@@ -101,7 +101,7 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
         y = jax.lax.cond(count % reorthonormalize_every == 0, linalg.polar, lambda y: y, y)
       return (lo.from_tall(y).astype(w.dtype) - w, (lo.from_tall(m_t).astype(m.dtype), v))
 
-    with jax.default_matmul_precision("highest"):  # see orthojax.manifolds._base.on_tall
+    with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
       pairs = map_views(leaf, params, updates, state.mu, state.nu, views=views)
     out, mv = unzip(pairs, updates)
     mu, nu = unzip(mv, state.mu)

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import optax
 
 from orthojax import linalg
-from orthojax.linalg._tree import map_views
+from orthojax.linalg import map_views
 from orthojax.optim._riemannian import _require_params
 
 
@@ -54,20 +54,12 @@ class LandingState(NamedTuple):
   count: jnp.ndarray
 
 
-def _t(x):
-  return jnp.swapaxes(x, -1, -2)
-
-
-def _fro(x):
-  return jnp.sqrt(jnp.sum(jnp.square(x), axis=(-2, -1)))
-
-
 def landing_field(x, g, lam):
   """``(psi, normal, d)`` on tall matrices; ``Lambda = psi + lam * normal``."""
-  xtx = _t(x) @ x
-  psi = 0.5 * (g @ xtx - x @ (_t(g) @ x))
+  xtx = x.mT @ x
+  psi = 0.5 * (g @ xtx - x @ (g.mT @ x))
   residual = xtx - jnp.eye(x.shape[-1], dtype=x.dtype)
-  return psi, x @ residual, _fro(residual)
+  return psi, x @ residual, jnp.linalg.matrix_norm(residual)
 
 
 def safe_step_size(a, d, lam, eps):
@@ -116,7 +108,7 @@ def landing(
       x, g_t = lo.to_tall(jnp.asarray(w, dtype)), lo.to_tall(jnp.asarray(g, dtype))
       psi, normal, d = landing_field(x, g_t, lam)
       if safe_step:
-        eta = safe_step_size(_fro(psi), d, lam, eps)
+        eta = safe_step_size(jnp.linalg.matrix_norm(psi), d, lam, eps)
         eta = jnp.where(jnp.isfinite(eta) & (eta > 0), eta,
                         jnp.minimum(lr, 0.5 / (lam * (1.0 + d))))
         eta = jnp.minimum(jnp.minimum(lr, eta), 0.5 / lam)
@@ -125,7 +117,7 @@ def landing(
       step = -eta[..., None, None] * (psi + lam * normal)
       return lo.from_tall(step).astype(g.dtype)
 
-    with jax.default_matmul_precision("highest"):  # see orthojax.manifolds._base.on_tall
+    with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
       out = map_views(leaf, params, updates, views=views)
     return out, LandingState(count=optax.safe_increment(state.count))
 

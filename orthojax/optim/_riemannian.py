@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import optax
 
 from orthojax import linalg
+from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import Manifold
-from orthojax.linalg._tree import map_views, unzip
 
 _SECOND_MOMENTS = ("elementwise", "matrix")
 
