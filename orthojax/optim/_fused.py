@@ -50,7 +50,9 @@ is exact:
   For square W (the benchmark's 400 x 400 stack) the retraction costs 3
   products instead of the chain's 6.
 * Other retractions (QR, polar, Newton–Schulz, exact Cayley) are applied to
-  ``W + xi`` as in the chain.
+  ``W + xi`` as in the chain; for parameters stored in bfloat16/float16 both
+  Cayley forms are followed by :func:`orthojax.manifolds.polish`, as in
+  ``Stiefel.retract``.
 
 The identities use ``W^T W = I``; on an iterate with defect ``delta`` the two
 paths differ by ``O(delta * ||step||)``, far below float32 resolution for the
@@ -70,7 +72,7 @@ import jax.numpy as jnp
 import optax
 
 from orthojax import linalg
-from orthojax.manifolds import Stiefel
+from orthojax.manifolds import Stiefel, polish
 from orthojax.optim._riemannian import (RetractState, ScaleByRiemannianAdamState,
                                          _SECOND_MOMENTS, _require_params, project_to_tangent,
                                          retract, scale_by_riemannian_adam)
@@ -225,8 +227,9 @@ def fused_stiefel_adam(
       xi = scale * d
       if iterative_cayley:
         y = cayley_iterative_from_coordinates(x, xi, scale * omega, manifold.cayley_iterations)
+        y = polish(y, w.dtype)  # as Stiefel's Cayley retraction
       else:
-        y = manifold._retract(x, xi)  # pylint: disable=protected-access
+        y = manifold._retract_for(x, xi, w.dtype)  # pylint: disable=protected-access
       if reorthonormalize_every is not None:
         y = jax.lax.cond(retract_count % reorthonormalize_every == 0,
                          manifold._closest, lambda y: y, y)  # pylint: disable=protected-access

@@ -242,6 +242,10 @@ def retract(manifold: Manifold, views: Any = None,
       (``manifold.orthonormalize``), removing the drift that retractions that
       do not re-project (Cayley, especially the iterative form) accumulate
       from rounding. Li et al. (2020) re-orthonormalize occasionally, too.
+      Not needed for parameters stored in bfloat16/float16: there the Cayley
+      retraction is followed at every step by Newton–Schulz steps (usually
+      one; :func:`orthojax.manifolds.polish`), which keep them at rounding
+      level.
 
   Returns:
     An ``optax.GradientTransformation``.
