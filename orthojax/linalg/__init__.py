@@ -22,4 +22,5 @@ from orthojax.linalg._skew import sym
 from orthojax.linalg._tree import leaf_names
 from orthojax.linalg._tree import map_views
 from orthojax.linalg._tree import mask_for
+from orthojax.linalg._tree import unzip
 from orthojax.linalg._tree import views_for

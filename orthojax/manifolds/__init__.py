@@ -9,3 +9,4 @@ from orthojax.manifolds._base import Manifold
 from orthojax.manifolds._oblique import Oblique
 from orthojax.manifolds._stiefel import Stiefel
 from orthojax.manifolds._stiefel import cayley_generator
+from orthojax.manifolds._stiefel import polish

@@ -3,7 +3,7 @@
 A :class:`Manifold` is a small, immutable, hashable description (so it can be
 a static argument and an Optax closure). Its public methods take parameters in
 their own layout (Dense ``(in, out)``, conv ``(kh, kw, cin, cout)``, stacks)
-plus an optional ``view`` (see :mod:`orthojax.linalg._matrix_view`); they turn
+plus an optional ``view`` (see :class:`orthojax.linalg.MatrixView`); they turn
 the parameter into its tall matrix ``(*batch, n, p)``, call the subclass's
 ``_method`` on it in at least float32, and map the result back to the
 parameter's layout and dtype. Subclasses implement only the tall-matrix maths.
@@ -51,6 +51,15 @@ class Manifold(abc.ABC):
   @abc.abstractmethod
   def _retract(self, w, v): ...
 
+  def _retract_for(self, w, v, dtype):
+    """``_retract`` for a point stored in ``dtype`` (the parameter's dtype).
+
+    A subclass whose retraction carries the rounding error of a low-precision
+    ``w`` forward (Stiefel's Cayley transform) removes it here.
+    """
+    del dtype
+    return self._retract(w, v)
+
   @abc.abstractmethod
   def _closest(self, w): ...
 
@@ -73,8 +82,15 @@ class Manifold(abc.ABC):
     return on_tall(self._egrad_to_rgrad, view, jnp.result_type(w, g), w, g)
 
   def retract(self, w, v, *, view=None):
-    """The retraction ``R_w(v)`` of a tangent vector ``v`` at ``w``."""
-    return on_tall(self._retract, view, jnp.result_type(w, v), w, v)
+    """The retraction ``R_w(v)`` of a tangent vector ``v`` at ``w``.
+
+    For ``w`` stored below float32 a subclass may also remove the rounding
+    error ``w`` carries (Stiefel's Cayley retraction: see
+    :func:`orthojax.manifolds.polish`).
+    """
+    stored = jnp.result_type(w)
+    return on_tall(lambda a, b: self._retract_for(a, b, stored), view, jnp.result_type(w, v),
+                   w, v)
 
   def transport(self, w_new, v, *, view=None):
     """Vector transport by projection: ``v`` (tangent elsewhere) onto ``T_{w_new}``.

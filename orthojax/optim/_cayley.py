@@ -25,6 +25,9 @@ matrix when n >= 2p (its factors are applied instead, see
 closest orthonormal matrix every ``reorthonormalize_every`` steps (default
 100): a fixed number of fixed-point iterations is only approximately
 orthogonal, and the error would otherwise accumulate over long runs.
+Parameters stored in bfloat16/float16 are also polished at every step
+(Newton–Schulz steps, usually one: :func:`orthojax.manifolds.polish`), which
+keeps them at rounding level; float32 and float64 runs are as in the paper.
 
 Feasibility between re-orthonormalizations: at the step cap
 (``alpha ||A||_F = 2q = 1``) two iterations leave a defect
@@ -44,8 +47,8 @@ import jax.numpy as jnp
 import optax
 
 from orthojax import linalg
-from orthojax.linalg._tree import map_views, unzip
-from orthojax.manifolds import cayley_generator
+from orthojax.linalg import map_views, unzip
+from orthojax.manifolds import cayley_generator, polish
 from orthojax.optim._riemannian import _require_params
 
 
@@ -97,11 +100,12 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
       alpha = linalg.cayley_safe_step(a, lr, q=q, eps=eps)
       y = linalg.cayley_transform(a, x, tau=sign * alpha, method="iterative",
                                   iterations=int(iterations))
+      y = polish(y, w.dtype)  # bfloat16/float16 points: remove the carried defect
       if reorthonormalize_every is not None:
         y = jax.lax.cond(count % reorthonormalize_every == 0, linalg.polar, lambda y: y, y)
       return (lo.from_tall(y).astype(w.dtype) - w, (lo.from_tall(m_t).astype(m.dtype), v))
 
-    with jax.default_matmul_precision("highest"):  # see orthojax.manifolds._base.on_tall
+    with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
       pairs = map_views(leaf, params, updates, state.mu, state.nu, views=views)
     out, mv = unzip(pairs, updates)
     mu, nu = unzip(mv, state.mu)

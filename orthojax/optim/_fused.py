@@ -50,7 +50,9 @@ is exact:
   For square W (the benchmark's 400 x 400 stack) the retraction costs 3
   products instead of the chain's 6.
 * Other retractions (QR, polar, Newton–Schulz, exact Cayley) are applied to
-  ``W + xi`` as in the chain.
+  ``W + xi`` as in the chain; for parameters stored in bfloat16/float16 both
+  Cayley forms are followed by :func:`orthojax.manifolds.polish`, as in
+  ``Stiefel.retract``.
 
 The identities use ``W^T W = I``; on an iterate with defect ``delta`` the two
 paths differ by ``O(delta * ||step||)``, far below float32 resolution for the
@@ -58,7 +60,7 @@ retractions here (tested at 1e-5 over several steps).
 
 Like the building blocks, the update is plain jnp (jit-able, sharding
 agnostic, no host callbacks); matrix products run at
-``Precision.HIGHEST`` as in :func:`orthojax.manifolds._base.on_tall`.
+``Precision.HIGHEST`` as in :mod:`orthojax.manifolds`.
 """
 
 from __future__ import annotations
@@ -70,27 +72,23 @@ import jax.numpy as jnp
 import optax
 
 from orthojax import linalg
-from orthojax.linalg._tree import map_views
-from orthojax.manifolds import Stiefel
+from orthojax.manifolds import Stiefel, polish
 from orthojax.optim._riemannian import (RetractState, ScaleByRiemannianAdamState,
                                          _SECOND_MOMENTS, _require_params, project_to_tangent,
                                          retract, scale_by_riemannian_adam)
 
 
-def _t(x):
-  return jnp.swapaxes(x, -1, -2)
-
-
-def _sym(a):
-  return 0.5 * (a + _t(a))
-
-
-def _skew(a):
-  return 0.5 * (a - _t(a))
-
-
 def _sq(x):
   return jnp.sum(jnp.square(x), axis=(-2, -1))
+
+
+def _debias(decay, count, dtype):
+  """Adam's bias correction ``1 - decay**count`` as ``optax.tree.bias_correction``.
+
+  Evaluated in JAX's default float (float64 under ``jax_enable_x64``), then
+  cast to the leaf's compute ``dtype``.
+  """
+  return (1.0 - decay ** count).astype(dtype)
 
 
 def supports_fused(manifold: Any, nesterov: bool = False) -> bool:
@@ -115,7 +113,7 @@ def cayley_iterative_from_coordinates(x, xi, omega, iterations):
       z = eye + 0.5 * (omega @ (eye + z))
     return x @ z
   xi_perp = xi - x @ omega
-  b = _t(xi_perp) @ xi_perp
+  b = xi_perp.mT @ xi_perp
   k = eye
   for _ in range(int(iterations)):
     zs = eye + z
@@ -178,11 +176,9 @@ def fused_stiefel_adam(
     _require_params(params, "radam")
     empty, adam_state, lr_state, retract_state = state
     count = optax.safe_increment(adam_state.count)
-    tf = count.astype(jnp.float32)
-    c1 = 1.0 - b1 ** tf
-    c2 = 1.0 - b2 ** tf
-    # -lr as the chain's learning-rate link computes it (schedules included).
-    neg_lr, lr_state = lr_link.update(jnp.ones([], jnp.float32), lr_state)
+    # -lr as the chain's learning-rate link computes it (schedules included),
+    # in JAX's default float (float64 under jax_enable_x64), cast per leaf.
+    neg_lr, lr_state = lr_link.update(jnp.ones([], jnp.result_type(float)), lr_state)
     retract_count = optax.safe_increment(retract_state.count)
 
     def leaf(w, g, m, v, view):
@@ -190,35 +186,37 @@ def fused_stiefel_adam(
       dtype = linalg.compute_dtype(jnp.result_type(w, g))
       x, gt, mt = (lo.to_tall(jnp.asarray(a, dtype)) for a in (w, g, m.astype(g.dtype)))
       n, p = x.shape[-2], x.shape[-1]
-      a = _t(x) @ gt                                    # W^T G
-      b = _t(x) @ mt                                    # W^T m
-      s_g = _sym(a)
+      c1, c2 = _debias(b1, count, dtype), _debias(b2, count, dtype)
+      a = x.mT @ gt                                     # W^T G
+      b = x.mT @ mt                                     # W^T m
+      s_g = linalg.sym(a)
       if elementwise or nesterov:
         g_r = gt - x @ s_g                              # P(G)
       if elementwise:
-        m_new = b1 * (mt - x @ _sym(b)) + (1.0 - b1) * g_r
+        m_new = b1 * (mt - x @ linalg.sym(b)) + (1.0 - b1) * g_r
         g_q = g_r.astype(g.dtype).astype(dtype) if g.dtype != dtype else g_r
         v_new = b2 * lo.to_tall(v.astype(dtype)) + (1.0 - b2) * jnp.square(g_q)
       else:
         xm = b1 * mt + (1.0 - b1) * gt
-        m_new = xm - x @ (b1 * _sym(b) + (1.0 - b1) * s_g)
+        m_new = xm - x @ (b1 * linalg.sym(b) + (1.0 - b1) * s_g)
         normal = jnp.maximum(_sq(gt) - _sq(a), 0.0) if n > p else 0.0
-        s = (_sq(_skew(a)) + normal) / (n * p)          # mean of P(G)^2
+        s = (_sq(linalg.skew(a)) + normal) / (n * p)   # mean of P(G)^2
         v_new = b2 * v.astype(dtype) + (1.0 - b2) * s
       # The chain stores m in its state dtype and uses that value.
       m_new = m_new.astype(m.dtype).astype(dtype) if m.dtype != dtype else m_new
       if nesterov:
-        m_hat = b1 * m_new / (1.0 - b1 * b1 ** tf) + (1.0 - b1) * g_r / c1
-        omega_m = (b1 / (1.0 - b1 * b1 ** tf)) * _skew(b1 * b + (1.0 - b1) * a) + \
-            ((1.0 - b1) / c1) * _skew(a)
+        c1_next = _debias(b1, optax.safe_increment(count), dtype)
+        m_hat = b1 * m_new / c1_next + (1.0 - b1) * g_r / c1
+        omega_m = ((b1 / c1_next) * linalg.skew(b1 * b + (1.0 - b1) * a)
+                   + ((1.0 - b1) / c1) * linalg.skew(a))
       else:
         m_hat = m_new / c1
-        omega_m = _skew(b1 * b + (1.0 - b1) * a) / c1
+        omega_m = linalg.skew(b1 * b + (1.0 - b1) * a) / c1
       if elementwise:
         u = m_hat / (jnp.sqrt(v_new / c2) + eps)
-        c = _t(x) @ u
-        d = u - x @ _sym(c)
-        omega = _skew(c)
+        c = x.mT @ u
+        d = u - x @ linalg.sym(c)
+        omega = linalg.skew(c)
       else:
         denom = (jnp.sqrt(v_new / c2) + eps)[..., None, None]
         d = m_hat / denom
@@ -229,8 +227,9 @@ def fused_stiefel_adam(
       xi = scale * d
       if iterative_cayley:
         y = cayley_iterative_from_coordinates(x, xi, scale * omega, manifold.cayley_iterations)
+        y = polish(y, w.dtype)  # as Stiefel's Cayley retraction
       else:
-        y = manifold._retract(x, xi)  # pylint: disable=protected-access
+        y = manifold._retract_for(x, xi, w.dtype)  # pylint: disable=protected-access
       if reorthonormalize_every is not None:
         y = jax.lax.cond(retract_count % reorthonormalize_every == 0,
                          manifold._closest, lambda y: y, y)  # pylint: disable=protected-access
@@ -239,8 +238,8 @@ def fused_stiefel_adam(
       v_new = lo.from_tall(v_new) if elementwise else v_new
       return update, lo.from_tall(m_new).astype(m.dtype), v_new.astype(v.dtype)
 
-    with jax.default_matmul_precision("highest"):  # see orthojax.manifolds._base.on_tall
-      triples = map_views(leaf, params, updates, adam_state.mu, adam_state.nu, views=views)
+    with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
+      triples = linalg.map_views(leaf, params, updates, adam_state.mu, adam_state.nu, views=views)
     treedef = jax.tree_util.tree_structure(updates)
     flat = treedef.flatten_up_to(triples)
     out = treedef.unflatten([t[0] for t in flat])

@@ -22,8 +22,8 @@ import optax
 from optax.contrib import MuonDimensionNumbers
 
 from orthojax import linalg
+from orthojax.linalg import leaf_names, views_for
 from orthojax.manifolds import Stiefel
-from orthojax.linalg._tree import leaf_names, views_for
 from orthojax.optim._riemannian import retract
 
 

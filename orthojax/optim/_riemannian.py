@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import optax
 
 from orthojax import linalg
+from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import Manifold
-from orthojax.linalg._tree import map_views, unzip
 
 _SECOND_MOMENTS = ("elementwise", "matrix")
 
@@ -144,7 +144,10 @@ def scale_by_riemannian_adam(
       v_t = b2 v_{t-1} + (1 - b2) s(g_t)
       d_t = P_{W_t}( m_hat_t / (sqrt(v_hat_t + eps_root) + eps) )
 
-  with bias corrections as ``optax.scale_by_adam``. ``second_moment`` picks
+  with bias corrections ``1 - b^t`` by ``optax.tree.bias_correction``, as in
+  ``optax.scale_by_adam``: evaluated in JAX's default float (float64 under
+  ``jax_enable_x64``) and applied in the moments' dtype, at least float32, so
+  float64 parameters get float64-accurate steps. ``second_moment`` picks
   ``s``:
 
   * ``"elementwise"``: ``s(g) = g * g`` (as geoopt and most codes). The
@@ -185,8 +188,6 @@ def scale_by_riemannian_adam(
   def update_fn(updates, state, params=None):
     _require_params(params, "scale_by_riemannian_adam")
     count = optax.safe_increment(state.count)
-    c1 = 1.0 - b1 ** count.astype(jnp.float32)
-    c2 = 1.0 - b2 ** count.astype(jnp.float32)
 
     def leaf(w, g, m, v, view):
       m = b1 * manifold.transport(w, m.astype(g.dtype), view=view) + (1.0 - b1) * g
@@ -195,11 +196,15 @@ def scale_by_riemannian_adam(
       else:
         s = jnp.mean(jnp.square(linalg.layout(w.shape, view).to_matrix(g)), axis=(-2, -1))
       v = b2 * v + (1.0 - b2) * s
+      # Debiased in at least float32 (bfloat16 moments are upcast, float64 kept).
+      dtype = linalg.compute_dtype(g.dtype)
+      m_c, g_c, v_c = (a.astype(dtype) for a in (m, g, v))
       if nesterov:
-        m_hat = b1 * m / (1.0 - b1 * b1 ** count.astype(jnp.float32)) + (1.0 - b1) * g / c1
+        m_hat = (b1 * optax.tree.bias_correction(m_c, b1, optax.safe_increment(count))
+                 + (1.0 - b1) * optax.tree.bias_correction(g_c, b1, count))
       else:
-        m_hat = m / c1
-      denom = jnp.sqrt(v / c2 + eps_root) + eps
+        m_hat = optax.tree.bias_correction(m_c, b1, count)
+      denom = jnp.sqrt(optax.tree.bias_correction(v_c, b2, count) + eps_root) + eps
       if second_moment == "elementwise":
         d = manifold.project(w, m_hat / denom, view=view)
       else:
@@ -237,6 +242,10 @@ def retract(manifold: Manifold, views: Any = None,
       (``manifold.orthonormalize``), removing the drift that retractions that
       do not re-project (Cayley, especially the iterative form) accumulate
       from rounding. Li et al. (2020) re-orthonormalize occasionally, too.
+      Not needed for parameters stored in bfloat16/float16: there the Cayley
+      retraction is followed at every step by Newton–Schulz steps (usually
+      one; :func:`orthojax.manifolds.polish`), which keep them at rounding
+      level.
 
   Returns:
     An ``optax.GradientTransformation``.

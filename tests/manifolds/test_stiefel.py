@@ -15,7 +15,7 @@ import scipy.linalg
 
 from orthojax.linalg import MatrixView
 from tests.manifolds._cases import CASES, NAMES, f64, param, tall, view
-from orthojax.manifolds import Oblique, Stiefel, cayley_generator
+from orthojax.manifolds import Oblique, Stiefel, cayley_generator, polish
 
 
 RETRACTIONS = {
@@ -277,6 +277,55 @@ def test_retraction_bfloat16(case, retraction):
   assert gram_err(tall(case, y.astype(jnp.float32))) < 3e-2
   p = Stiefel().project(wb, vb, view=view(case))
   assert p.dtype == jnp.bfloat16
+
+
+def polish_ref(y, u):
+  """Cubic Newton–Schulz steps until the predicted defect 3/4 ||YᵀY − I||² is below u."""
+  eye = np.eye(y.shape[-1])
+  while True:
+    s = _t(y) @ y
+    y = y @ (1.5 * eye - 0.5 * s)
+    if 0.75 * np.linalg.norm(s - eye) ** 2 <= u:
+      return y
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_polish_low_precision(dtype):
+  rng = np.random.default_rng(30)
+  q = np.linalg.qr(rng.standard_normal((12, 5)))[0]
+  u = float(jnp.finfo(dtype).eps) / 2
+  for off in (0.01, 0.1):  # one step, then two
+    y = q + off * rng.standard_normal(q.shape) / np.sqrt(5)
+    got = polish(jnp.asarray(y, jnp.float32), dtype)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(got, polish_ref(f64(y), u), atol=1e-6)
+    assert gram_err(f64(got)) < 2 * u
+  # float32 and wider points are left as they are.
+  y = jnp.asarray(q + 0.1, jnp.float32)
+  assert polish(y, jnp.float32) is y
+
+
+@pytest.mark.parametrize("case", ["tall", "wide_conv"])
+def test_cayley_retraction_bfloat16_removes_the_carried_defect(case):
+  # A bfloat16 point off the manifold by 0.05: the Cayley map Q W keeps that
+  # defect in float32, the bfloat16 retraction brings it to rounding level.
+  m = Stiefel("cayley")
+  w, wp = point(case, 26)
+  t = tall(case, wp)
+  off = param(case, t + 0.05 * np.random.default_rng(27).standard_normal(t.shape) / 3)
+  _, vp = tangent(case, w, 28, norm=0.5)
+  wb, vb = off.astype(jnp.bfloat16), vp.astype(jnp.bfloat16)
+  y32 = m.retract(wb.astype(jnp.float32), vb.astype(jnp.float32), view=view(case))
+  carried = gram_err(tall(case, wb.astype(jnp.float32)))
+  assert carried > 0.03
+  np.testing.assert_allclose(gram_err(tall(case, y32)), carried, rtol=1e-3)
+  y = m.retract(wb, vb, view=view(case))
+  assert y.dtype == jnp.bfloat16
+  p = tall(case, y).shape[-1]
+  eps = float(jnp.finfo(jnp.bfloat16).eps)
+  assert gram_err(tall(case, y.astype(jnp.float32))) < eps * np.sqrt(p) + eps / 2
+  want = param(case, polish_ref(tall(case, y32), eps / 2))
+  np.testing.assert_allclose(np.asarray(y, np.float32), want, atol=1e-2)
 
 
 # -- transport, defect, orthonormalize --------------------------------------------
