@@ -67,7 +67,8 @@ def _conv_kernels(params):
 
 def conv_optimizer(kind: str, config) -> Callable[[Any], Any]:
   """Every conv kernel on ``kind`` (radam-Cayley or Muon), the rest on the flagfile's chain."""
-  def build(params):
+  def build(model):
+    del model   # conv kernels are labelled by rank when the chain is initialised
     rest = optimizers.build(config, total_steps=1000)
     if kind == "radam":
       conv = oj.optim.radam(1e-3, oj.manifolds.Stiefel("cayley", cayley_iterations=2),

@@ -27,6 +27,16 @@ def _variable_labels(tree: Any) -> Any | None:
                       tree, is_leaf=is_variable)
 
 
+def _as_pure_dict_for(labels: Any, params: Any) -> Any:
+  """Labels read from a model are an NNX ``State``; params a trainer keeps as plain
+  dicts (``nnx.to_pure_dict``, as orthojax's trainer and Orbax checkpoints do) get
+  them as a plain dict too, so one ``partition(model, ...)`` serves both."""
+  nnx = sys.modules.get("flax.nnx")
+  if nnx is not None and isinstance(labels, nnx.State) and not isinstance(params, nnx.State):
+    return nnx.to_pure_dict(labels)
+  return labels
+
+
 def partition(param_labels: Any | Callable[[Any], Any], /,
               **transforms: optax.GradientTransformation) -> optax.GradientTransformation:
   """``optax.partition`` with labels checked up front.
@@ -78,6 +88,7 @@ def partition(param_labels: Any | Callable[[Any], Any], /,
 
   def labels_fn(params):
     labels = param_labels(params) if callable(param_labels) else param_labels
+    labels = _as_pure_dict_for(labels, params)
     unknown = sorted({str(label) for label in jax.tree.leaves(labels)} - set(transforms))
     if unknown:
       raise ValueError(f"partition: labels {unknown} have no transform; transforms are given "

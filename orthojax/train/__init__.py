@@ -1,1 +1,14 @@
-"""Sharded training framework: config, mesh, data, checkpoints, metrics, loop."""
+"""Sharded training framework: config, mesh, data, checkpoints, metrics, loop.
+
+Entry points: :func:`train` (a zoo model on a registered dataset, from a
+:class:`Config`), :func:`fit` (your own ``nnx.Module``, optimizer and
+batches) and :func:`orthojax.train.aot.compile_for` (the pod compile check).
+"""
+
+from orthojax.train.config import Config
+from orthojax.train.config import ConfigError
+from orthojax.train.trainer import TrainResult
+from orthojax.train.trainer import fit
+from orthojax.train.trainer import train
+
+__all__ = ["Config", "ConfigError", "TrainResult", "fit", "train"]

@@ -41,9 +41,9 @@ from orthojax.train.step import make_eval_step
 from orthojax.train.step import make_train_step
 
 ModelFn = Callable[[nnx.Rngs], nnx.Module]
-# An optax chain, or a function of the model's abstract params (a pure dict of
-# ShapeDtypeStructs) that returns one — e.g. to label conv kernels for a
-# manifold optimizer by their shapes.
+# An optax chain, or a function of the abstract model (``nnx.eval_shape`` of it:
+# its Variable types and metadata, no arrays) that returns one — e.g.
+# ``oj.optim.partition(model, stiefel=..., euclidean=...)`` routing by Variable type.
 OptimizerArg = optax.GradientTransformation | Callable[[Any], optax.GradientTransformation]
 
 
@@ -133,7 +133,7 @@ def build_program(config: Config, info: DatasetInfo, *,
     num_processes: processes feeding the mesh (default: those the devices
       belong to).
     model_fn: ``rngs -> nnx.Module``; default: the model zoo's model of ``config``.
-    optimizer: an optax chain or a function of the abstract params returning
+    optimizer: an optax chain or a function of the abstract model returning
       one; default: the chain ``config`` describes
       (:func:`orthojax.train.optimizers.build`).
 
@@ -173,7 +173,7 @@ def build_program(config: Config, info: DatasetInfo, *,
   elif isinstance(optimizer, optax.GradientTransformation):
     tx = optimizer
   else:
-    tx = optimizer(pure_params)
+    tx = optimizer(abstract)
 
   # ------------------------------------------------------------- Sharding --
   params_sh = mesh_lib.param_shardings(abs_params, mesh)

@@ -1,4 +1,4 @@
-"""The training run: build → compile → loop.
+"""The training run: build → compile → loop, for the zoo's models and for yours.
 
 :func:`train` builds the run's program (:func:`orthojax.train.program.build_program`:
 mesh, model, optimizer, shardings, jitted steps), compiles its steps ahead of
@@ -8,6 +8,30 @@ train state, and loops: log, evaluate, reduce on plateau / stop early,
 checkpoint, stop at preemption; then the final evaluation. The same code runs
 on one CPU, simulated CPU devices, a GPU and a multi-host pod: everything
 device-specific is the mesh.
+
+Two entry points share everything after the model and the data:
+:func:`train` takes a config that names a zoo model and a registered dataset;
+:func:`fit` takes your own model, optimizer and batches::
+
+    import optax
+    import orthojax as oj
+    from orthojax.train import fit, Config
+
+    def model_fn(rngs):                 # any nnx.Module
+      return MyNet(rngs=rngs)
+
+    def optimizer(params):              # or simply an optax chain
+      labels = ...                      # e.g. "stiefel" for hidden kernels, else "euclidean"
+      return oj.optim.partition(labels, stiefel=oj.optim.radam(1e-3, ...),
+                                euclidean=optax.adamw(1e-3))
+
+    result = fit(model_fn, optimizer, batches, Config(batch_size=64, num_steps=1000,
+                                                      workdir="runs/mine",
+                                                      checkpoint_every=100))
+
+both with the same mesh, sharding rules, jitted step, Orbax checkpoints with exact
+resume, non-finite guard, metrics and hooks (and
+:func:`orthojax.train.aot.compile_for` takes the same ``model_fn`` and ``optimizer``).
 
 Exact resume: the checkpoint holds the train state *and* the loop's
 bookkeeping (:class:`LoopState`, incl. the number of batches consumed); the
@@ -22,16 +46,20 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
 
 from orthojax.train import checkpoint as ckpt_lib
 from orthojax.train import data as data_lib
+from orthojax.train import inputs
 from orthojax.train import mesh as mesh_lib
 from orthojax.train import metrics as metrics_lib
 from orthojax.train.config import Config
+from orthojax.train.config import ConfigError
 from orthojax.train.program import CompiledProgram
+from orthojax.train.program import ModelFn
+from orthojax.train.program import OptimizerArg
 from orthojax.train.program import build_program
 from orthojax.train.program import compile_program
 from orthojax.train.step import TrainState
@@ -141,14 +169,77 @@ def train(config: Config, *, hooks: tuple[Hook, ...] = (),
   info = data_lib.dataset_info(config.dataset, data_dir=config.data_dir or None,
                                **config.options)
   program = build_program(config, info, devices=devices, num_processes=jax.process_count())
-  return _Loop(compile_program(program), hooks, print_fn).run()
+  source = inputs.RegisteredInput(config.dataset, config.options, config.data_dir or None)
+  return Loop(compile_program(program), source, hooks, print_fn).run()
 
 
-class _Loop:
-  """The training loop over a compiled program (one instance per run)."""
+def fit(model_fn: ModelFn, optimizer: OptimizerArg, train_data: inputs.TrainSource,
+        config: Config, *, eval_data: inputs.EvalSource | Iterable[inputs.Batch] = None,
+        hooks: tuple[Hook, ...] = (), devices: Sequence[jax.Device] | None = None,
+        print_fn=print) -> TrainResult:
+  """Train ``model_fn(rngs)`` with ``optimizer`` on ``train_data``.
 
-  def __init__(self, compiled: CompiledProgram, hooks: tuple[Hook, ...], print_fn):
+  Args:
+    model_fn: ``nnx.Rngs -> nnx.Module``; called with ``nnx.Rngs(config.seed)``
+      (abstractly first, to size and shard, then once to initialise).
+    optimizer: an optax ``GradientTransformation`` (orthojax's or any other), or
+      a function of the abstract model (``nnx.eval_shape`` of ``model_fn``:
+      Variable types and metadata, no arrays) returning one — e.g.
+      ``oj.optim.partition(model, stiefel=oj.optim.radam(..., views=
+      oj.nn.matrix_views(model)), euclidean=optax.adamw(...))``.
+    train_data: numpy batches ``{"x": float32 (b, ...), "y": int32 labels or
+      float32 targets (b,)}`` with ``b = config.batch_size / process count``: a
+      function ``start_batch -> batches`` (exact resume from any batch), or a
+      re-iterable (a list, a dataset object) that yields the same stream each
+      time it is iterated (a resume skips the batches already stepped on).
+    config: the run's config; ``num_steps`` sets the length (there is no
+      epoch without a dataset size), the mesh, checkpoint, logging, loss,
+      ``nan_policy`` and ``compute_dtype`` fields apply as for the zoo models;
+      the model, optimizer and dataset fields are not used.
+    eval_data: batches to evaluate on (``() -> batches`` or a re-iterable; up to
+      ``config.eval_batch_size or config.batch_size`` rows per process, padded
+      and masked here); None: no evaluation.
+    hooks: ``hook(step, params) -> dict`` every ``config.spectrum_every`` steps.
+    devices: the devices to build the mesh over (default: all).
+
+  Returns:
+    The :class:`~orthojax.train.trainer.TrainResult` (final state, metrics, …).
+
+  Raises:
+    ConfigError: a config or data that cannot work, in one line.
+  """
+  if not config.num_steps:
+    raise ConfigError("num_steps: fit() trains for a number of steps; set num_steps > 0 "
+                      "(num_epochs needs a registered dataset's size)")
+  if eval_data is None and (config.eval_every or config.final_eval_splits
+                            or config.restore_best or config.schedule == "plateau"):
+    raise ConfigError("eval_data: eval_every / restore_best / plateau / final_eval_splits "
+                      "need eval_data")
+  if not callable(train_data) and iter(train_data) is train_data:
+    raise ConfigError("train_data: a one-shot iterator cannot be resumed; pass a list, a "
+                      "re-iterable, or a function start_batch -> batches")
+  first = next(iter(train_data(0) if callable(train_data) else train_data), None)
+  if first is None:
+    raise ConfigError("train_data: yielded no batch")
+  try:
+    info = inputs.info_from_batch(first, num_train=config.batch_size)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  devices = list(jax.devices() if devices is None else devices)
+  program = build_program(config, info, devices=devices, num_processes=jax.process_count(),
+                          model_fn=model_fn, optimizer=optimizer)
+  source = inputs.IterableInput(train_data, eval_data)
+  return Loop(compile_program(program), source, hooks, print_fn).run()
+
+
+
+class Loop:
+  """The training loop over a compiled program and its input (one instance per run)."""
+
+  def __init__(self, compiled: CompiledProgram, source: inputs.Input, hooks: tuple[Hook, ...],
+               print_fn=print):
     self.compiled = compiled
+    self.source = source
     self.program = program = compiled.program
     self.config = config = program.config
     self.hooks = hooks
@@ -182,17 +273,15 @@ class _Loop:
   # ---------------------------------------------------------------- Input --
 
   def _train_batches(self) -> Iterator[Any]:
-    config = self.config
-    return mesh_lib.prefetch_to_mesh(data_lib.train_batches(
-        config.dataset, batch_size=self.program.local_batch, seed=config.seed,
-        start_batch=self.loop.batches_consumed, data_dir=config.data_dir or None,
-        **config.options), self.program.mesh)
+    return mesh_lib.prefetch_to_mesh(self.source.train(
+        batch_size=self.program.local_batch, start_batch=self.loop.batches_consumed,
+        seed=self.config.seed), self.program.mesh)
 
   def _evaluate(self, state: TrainState, split: str = "eval") -> dict[str, float]:
-    config = self.config
-    batches = data_lib.eval_batches(config.dataset, batch_size=self.program.local_eval_batch,
-                                    split=split, data_dir=config.data_dir or None,
-                                    **config.options)
+    """Metrics of ``state`` on ``split``; {} when the input has no evaluation data."""
+    batches = self.source.eval(batch_size=self.program.local_eval_batch, split=split)
+    if batches is None:
+      return {}
     return evaluate(self.compiled.eval_step, state, batches, self.program.mesh)
 
   # ----------------------------------------------------------- Checkpoint --
@@ -319,7 +408,9 @@ class _Loop:
       final = self.best_state
       self.print(f"Restored the best state (step {self.loop.best_step}) for the final "
                  f"evaluation", flush=True)
-    eval_metrics = writer.write(self.step, self._evaluate(final), "eval")
+    eval_metrics = self._evaluate(final)
+    if eval_metrics:
+      eval_metrics = writer.write(self.step, eval_metrics, "eval")
     split_metrics = {split: writer.write(self.step, self._evaluate(final, split), split)
                      for split in config.final_eval_splits}
     self.print(f"Done: {self.step} steps in {elapsed:.1f} s", flush=True)
