@@ -246,6 +246,15 @@ class Loop:
     self.print = print_fn
     self.watch, self.higher_is_better = (("top1", True) if program.classification
                                          else ("loss", False))
+    # XLA:CPU runs each simulated device's part of a program on a shared thread
+    # pool; with two multi-device steps in flight, each can hold threads that the
+    # other's all-reduce waits for, and the rendezvous aborts the process
+    # ("Termination timeout for all reduce … only 4 of 8 arrived"). On the CPU
+    # the host gains nothing from running ahead (it shares the cores), so a
+    # multi-device CPU mesh waits for each step before dispatching the next.
+    devices = program.mesh.devices.flat
+    self.one_step_in_flight = (program.mesh.size > 1
+                               and all(d.platform == "cpu" for d in devices))
     self.checkpointer = None
     if config.workdir:
       self.checkpointer = ckpt_lib.Checkpointer(
@@ -347,6 +356,8 @@ class Loop:
       start_time = time.perf_counter()
       while self.step < total:
         self.state, metrics = self.compiled.train_step(self.state, next(batches))
+        if self.one_step_in_flight:
+          jax.block_until_ready(self.state.step)
         interval.add(metrics)
         self.step += 1
         self.loop.batches_consumed += 1
