@@ -204,6 +204,11 @@ def _matmul_flops(ins: Instruction, types: dict[str, str]) -> float:
     if not labels or "o" not in labels.group(1):
       return 0.0
     contracted = math.prod(rhs_shape) // rhs_shape[labels.group(1).index("o")]
+    # The input gradient of a strided convolution dilates its input with zeros
+    # (lhs_dilate=s): only one tap in s per spatial axis multiplies a real value.
+    dilate = re.search(r"lhs_dilate=([\dx]+)", ins.rest)
+    if dilate:
+      contracted /= math.prod(int(d) for d in dilate.group(1).split("x"))
   return 2.0 * out_elements * contracted
 
 

@@ -90,3 +90,15 @@ ENTRY %main () -> f32[] {
   module = hlo.Module.from_text(text)
   assert module.entry == "main"
   assert module.runs == {"main": 1, "cond": 1, "body": 7}
+
+
+def test_strided_convolution_gradients_count_real_taps_only():
+  """dx of a stride-2 conv is a conv over a zero-dilated input: a quarter of its taps
+  are real. Both gradients then cost what the forward costs."""
+  conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (2, 2), "SAME",
+                                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  grads = jax.grad(lambda x, w: conv(x, w).sum(), argnums=(0, 1))
+  module, xla = _module(grads, jnp.ones((8, 16, 16, 3)), jnp.ones((3, 3, 3, 5)))
+  forward = 2 * 8 * 8 * 8 * 5 * 3 * 3 * 3
+  assert module.matmul_flops() == pytest.approx(2 * forward)
+  assert xla == pytest.approx(2 * forward, rel=0.15)   # XLA also skips the padding taps
