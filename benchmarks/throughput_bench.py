@@ -68,7 +68,7 @@ def _orthojax_step(norm: str, depth: int, image_size: int, batch: int):
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   params = nnx.to_pure_dict(params)
   tx = optimizers.build(config, total_steps=config.num_epochs * 5004)
-  state = TrainState.create(params, nnx.to_pure_dict(rest), tx, jax.random.key(1))
+  state = TrainState.create(params, nnx.to_pure_dict(rest), tx)
   step = make_train_step(graphdef, tx, losses.get_loss(config.loss), classification=True,
                          compute_dtype=model_zoo.compute_dtype(config),
                          nan_policy=config.nan_policy,

@@ -7,7 +7,8 @@ curve through ``X`` is
 
 ``Q = (I - tau/2 A)^{-1} (I + tau/2 A)`` is orthogonal for any skew ``A``, so
 ``Y`` keeps ``Y^T Y = X^T X`` exactly (in exact arithmetic). Descent along a
-gradient generator ``A`` uses ``-tau`` (SPEC: ``(I + tau/2 A)^{-1}(I - tau/2 A) W``).
+gradient generator ``A`` uses ``-tau``: ``(I + tau/2 A)^{-1}(I - tau/2 A) W`` (Wen & Yin
+2013, "A feasible method for optimization with orthogonality constraints", eq. 7).
 
 Three ways to evaluate it, all batched over leading axes:
 

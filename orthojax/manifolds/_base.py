@@ -95,7 +95,8 @@ class Manifold(abc.ABC):
   def transport(self, w_new, v, *, view=None):
     """Vector transport by projection: ``v`` (tangent elsewhere) onto ``T_{w_new}``.
 
-    Information-geometry seed, A.6.2 eq. 45.
+    Absil, Mahony & Sepulchre (2008), "Optimization Algorithms on Matrix
+    Manifolds", §8.1.3; Sokol & Park (ICLR 2020), Appendix A.6.2.
     """
     return self.project(w_new, v, view=view)
 

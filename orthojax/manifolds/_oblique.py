@@ -6,11 +6,12 @@ every output unit for a tall kernel), following orthojax's one tall-side
 convention, so that Stiefel(n, p) is a subset of Ob(n, p) for every shape.
 
 * tangent projection, per column: ``g - w (w^T g)``;
-* exponential map, per column (SPEC, fixing the seed's eq. 42 which swaps the
-  roles of w and xi): ``Exp_w(xi) = w cos||xi|| + (xi/||xi||) sin||xi||``;
+* exponential map, per column (the sphere's geodesic, Absil et al. 2008,
+  Example 5.4.1; Sokol & Park's Appendix A.6.3 prints it with w and xi
+  swapped): ``Exp_w(xi) = w cos||xi|| + (xi/||xi||) sin||xi||``;
 * "normalize" retraction: ``(w + xi) / ||w + xi||``.
 
-Sokol & Park (information-geometry seed, A.6.3) train ``W = s V`` with V on
+Sokol & Park (ICLR 2020, Appendix A.6.3) train ``W = s V`` with V on
 this manifold and a Euclidean scale ``s``.
 """
 

@@ -5,7 +5,8 @@ fan_in >= fan_out, rows otherwise), batched over leading axes.
 
 Tangent space at W: {V : W^T V + V^T W = 0}.
 
-* Projection (Euclidean metric; information-geometry seed A.6.2):
+* Projection (Euclidean metric; Edelman, Arias & Smith 1998, eq. 2.3; Sokol & Park,
+  ICLR 2020, Appendix A.6.2):
   ``P_W(G) = G - W sym(W^T G) = (I - W W^T) G + W skew(W^T G)``.
 * Riemannian gradient, canonical metric: ``G - W G^T W``. (Not a projection:
   it is idempotent only on the normal space's complement; transport always

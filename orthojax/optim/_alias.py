@@ -59,8 +59,9 @@ def radam(
   """Riemannian Adam (Bécigneul & Ganea, ICLR 2019), first moment transported.
 
   See :func:`orthojax.optim.scale_by_riemannian_adam` for the moments and the
-  ``second_moment`` choice. E5 (information-geometry seed) trains Stiefel and
-  oblique networks with it.
+  ``second_moment`` choice. Sokol & Park (ICLR 2020, "Information geometry of
+  orthogonal initializations and training", §4) train Stiefel and oblique
+  networks with it.
 
   The result is the chain ``project_to_tangent``, ``scale_by_riemannian_adam``,
   ``optax.scale_by_learning_rate``, ``retract``. On ``Stiefel`` with the

@@ -10,7 +10,8 @@ A Riemannian optimizer on a manifold M is an Optax chain
 so that ``optax.apply_updates(w, u)`` lands on ``R_w(-lr * direction)``.
 Moments live in the tangent space of the point where they were computed; at
 the next step they are moved to the new point by vector transport by
-projection (information-geometry seed A.6.2, eq. 45) *before* being combined
+projection (Absil, Mahony & Sepulchre 2008, "Optimization Algorithms on
+Matrix Manifolds", §8.1.3; Sokol & Park, ICLR 2020, Appendix A.6.2) *before* being combined
 with the new gradient — transporting the first moment only, as Bécigneul &
 Ganea (ICLR 2019, "Riemannian adaptive optimization methods") do; the second
 moment is a non-negative statistic and is not transported.

@@ -181,11 +181,11 @@ def build_program(config: Config, info: DatasetInfo, *,
   state_sh = TrainState(step=rep, params=params_sh,
                         model_state=mesh_lib.param_shardings(abs_rest, mesh),
                         opt_state=mesh_lib.opt_state_shardings(tx, pure_params, params_sh, mesh),
-                        rng=rep, lr_scale=rep, first_nonfinite_step=rep, skipped_steps=rep)
+                        lr_scale=rep, first_nonfinite_step=rep, skipped_steps=rep)
 
   def init() -> TrainState:
     _, params, rest = nnx.split(build_model(), nnx.Param, ...)
-    return TrainState.create(_pure(params), _pure(rest), tx, jax.random.key(config.seed + 1))
+    return TrainState.create(_pure(params), _pure(rest), tx)
 
   # ---------------------------------------------------------------- Steps --
   loss_fn = losses_lib.get_loss(config.loss, config.label_smoothing)

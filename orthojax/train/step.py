@@ -31,18 +31,21 @@ class TrainState(NamedTuple):
   params: Any                      # pure dict of nnx.Param values
   model_state: Any                 # pure dict of the other Variables
   opt_state: Any
-  rng: jax.Array                   # uint32 key data (for stochastic layers)
   lr_scale: jax.Array              # float32 multiplier (reduce-on-plateau)
   first_nonfinite_step: jax.Array  # int32, -1 while every step was finite
   skipped_steps: jax.Array         # int32
 
   @classmethod
-  def create(cls, params: Any, model_state: Any, tx: optax.GradientTransformation,
-             rng: jax.Array) -> "TrainState":
-    """The state before the first step: ``tx.init(params)``, lr scale 1, no bad steps."""
+  def create(cls, params: Any, model_state: Any,
+             tx: optax.GradientTransformation) -> "TrainState":
+    """The state before the first step: ``tx.init(params)``, lr scale 1, no bad steps.
+
+    No random key is carried: every model here is deterministic in training (a
+    stochastic layer would take its key from ``step`` and the seed, so resume
+    stays exact without one).
+    """
     return cls(step=jnp.int32(0), params=params, model_state=model_state,
-               opt_state=tx.init(params), rng=jax.random.key_data(rng),
-               lr_scale=jnp.float32(1.0), first_nonfinite_step=jnp.int32(-1),
+               opt_state=tx.init(params), lr_scale=jnp.float32(1.0), first_nonfinite_step=jnp.int32(-1),
                skipped_steps=jnp.int32(0))
 
 
@@ -138,7 +141,6 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
         params=keep(params, state.params),
         model_state=keep(model_state, state.model_state),
         opt_state=keep(opt_state, state.opt_state),
-        rng=jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0]),
         lr_scale=state.lr_scale,
         first_nonfinite_step=first_bad.astype(jnp.int32),
         skipped_steps=state.skipped_steps + (~finite).astype(jnp.int32))

@@ -87,7 +87,7 @@ def test_bfloat16_compute_reaches_every_layer(overrides, info):
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   params = nnx.to_pure_dict(params)
   tx = optimizers.build(config, total_steps=10)
-  state = TrainState.create(params, nnx.to_pure_dict(rest), tx, jax.random.key(0))
+  state = TrainState.create(params, nnx.to_pure_dict(rest), tx)
   classification = info.task == "classification"
   y = (jnp.zeros((_BATCH,), jnp.int32) if classification else jnp.zeros((_BATCH,), jnp.float32))
   batch = {"x": jnp.ones((_BATCH,) + info.input_shape, jnp.float32), "y": y}

@@ -106,7 +106,7 @@ def _train_step_and_inputs(debug_callback=False):
   tx = _tx()
   loss = lambda out, y: optax.softmax_cross_entropy_with_integer_labels(out, y)
   step = step_lib.make_train_step(graphdef, tx, loss, classification=True)
-  state = step_lib.TrainState.create(params, rest, tx, jax.random.key(1))
+  state = step_lib.TrainState.create(params, rest, tx)
   batch = {"x": jax.random.normal(jax.random.key(2), (16, 12)),
            "y": jax.random.randint(jax.random.key(3), (16,), 0, 3)}
   if debug_callback:

@@ -1,4 +1,4 @@
-"""Input pipelines for the experiments (SPEC §2, E1–E7): numpy batches per process.
+"""Input pipelines for the experiments (E1–E7): numpy batches per process.
 
 ::
 

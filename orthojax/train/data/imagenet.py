@@ -1,6 +1,6 @@
 """ImageNet (E1) and ImageNet32 (E2): tfds streams with the papers' augmentation.
 
-``imagenet2012`` training augmentation (SPEC E1, the scale augmentation of
+``imagenet2012`` training augmentation (the scale augmentation of
 He et al. 2016 §3.4 with the colour augmentation of Krizhevsky et al. 2012
 as in fb.resnet.torch):
 
