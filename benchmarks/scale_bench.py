@@ -200,13 +200,13 @@ def _ratios() -> list[Row]:
   for a, b, bound in pairs:
     if a in REPORTS and b in REPORTS:
       ra, rb = REPORTS[a].train, REPORTS[b].train
-      extra = (f"extra per chip: {(ra.matmul_flops - rb.matmul_flops) / 1e9:.3g} GFLOP in "
-               f"matmuls/convolutions, {(ra.flops - ra.matmul_flops - rb.flops + rb.matmul_flops) / 1e9:.3g}"
-               f" GFLOP elsewhere")
+      extra = (f"extra per chip per step: {(ra.flops - rb.flops) / 1e9:.4g} GFLOP, "
+               f"{(ra.bytes_accessed - rb.bytes_accessed) / 2 ** 30:.3g} GiB of HBM traffic, "
+               f"{(ra.memory['total'] - rb.memory['total']) / 2 ** 30:.3g} GiB of HBM")
       for what, x, y in (("FLOPs", ra.flops, rb.flops),
                          ("bytes accessed", ra.bytes_accessed, rb.bytes_accessed)):
         out.append(row(SUITE, f"{a.split(' v5e')[0]} / bn (256 per chip), {what}", x / y, "x",
-                       Target("<=", bound), note=extra if what == "FLOPs" else ""))
+                       Target("<=", bound), note=extra))
   if "E1 bn fsdp v5e:4x4" in REPORTS:
     fsdp, data = REPORTS["E1 bn fsdp v5e:4x4"].train, REPORTS["E1 bn v5e:4x4"].train
     out.append(row(SUITE, "E1 bn fsdp-16 / data-16, argument bytes per chip",

@@ -58,8 +58,6 @@ class StepReport:
 
   Attributes:
     flops: FLOPs per step per chip, loop bodies counted per iteration.
-    matmul_flops: the part of ``flops`` in dot and convolution instructions (the
-      rest is elementwise work, reductions, …): where an overhead comes from.
     xla_flops: ``cost_analysis()["flops"]`` as XLA counts it (loop bodies once).
     bytes_accessed: HBM bytes read and written per step per chip (XLA's count).
     memory: bytes per chip: ``arguments``, ``outputs``, ``aliased``,
@@ -69,7 +67,6 @@ class StepReport:
   """
 
   flops: float
-  matmul_flops: float
   xla_flops: float
   bytes_accessed: float
   memory: dict[str, int]
@@ -88,8 +85,7 @@ class StepReport:
     memory["total"] = (memory["arguments"] + memory["outputs"] - memory["aliased"]
                        + memory["temporaries"] + memory["code"])
     xla_flops = float(cost.get("flops", 0.0))
-    return cls(flops=hlo.loop_corrected_flops(xla_flops, module),
-               matmul_flops=module.matmul_flops(), xla_flops=xla_flops,
+    return cls(flops=hlo.loop_corrected_flops(xla_flops, module), xla_flops=xla_flops,
                bytes_accessed=float(cost.get("bytes accessed", 0.0)), memory=memory,
                collectives=module.collectives(), unknown_loops=module.unknown_loops)
 
