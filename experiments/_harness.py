@@ -155,11 +155,16 @@ def fail(message: str) -> NoReturn:
 
 
 def fail_on_config_error(fn: Callable[[], Any]) -> Any:
-  """``fn()``, turning a :class:`ConfigError` into :func:`fail`."""
+  """``fn()``, turning a :class:`ConfigError` into :func:`fail` (exit 2) and a run
+  stopped by its non-finite guard into one line and exit 1."""
+  from orthojax.train.trainer import NonFiniteLossError  # pylint: disable=g-import-not-at-top
   try:
     return fn()
   except ConfigError as e:
     fail(str(e))
+  except NonFiniteLossError as e:
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(1) from None
 
 
 def num_seeds(default: int) -> int:
@@ -248,10 +253,12 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
       print_fn(text, **kwargs)
 
   start_time = time.perf_counter()
-  result = trainer.train(run.config.replace(workdir=run_dir), hooks=run.hooks,
-                         devices=run.devices, print_fn=quiet)
+  result = fail_on_config_error(lambda: trainer.train(
+      run.config.replace(workdir=run_dir), hooks=run.hooks, devices=run.devices, print_fn=quiet))
   if result.preempted:
-    raise SystemExit(f"preempted during {run.name}; rerun the same command to resume")
+    print(f"preempted during {run.name}: checkpoint saved; rerun the same command to resume "
+          f"(exit status {trainer.PREEMPTED_EXIT_CODE})", file=sys.stderr)
+    raise SystemExit(trainer.PREEMPTED_EXIT_CODE)
   record = {
       "tags": dict(run.tags),
       "final_step": result.final_step,

@@ -24,6 +24,8 @@ def main(argv: list[str]) -> None:
   import jax  # pylint: disable=g-import-not-at-top  (after distributed start-up)
   from orthojax.train import trainer  # pylint: disable=g-import-not-at-top
   result = _harness.fail_on_config_error(lambda: trainer.train(config))
+  if result.preempted:   # checkpoint saved: a scheduler requeues on this status
+    raise SystemExit(trainer.PREEMPTED_EXIT_CODE)
   if jax.process_index() == 0:
     summary = ", ".join(f"{k} {v:.4g}" for k, v in result.eval_metrics.items())
     print(f"final step {result.final_step}: {summary}", flush=True)

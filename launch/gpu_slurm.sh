@@ -27,9 +27,10 @@
 #
 # Preemption / time limit: --signal=TERM@300 makes SLURM send SIGTERM to the
 # training processes 5 minutes before the time limit; the trainer then saves
-# a checkpoint and exits. Resubmitting the same command (or `sbatch --requeue`)
-# resumes from the latest checkpoint in --workdir, which must be on storage
-# every node sees (shared filesystem or gs://).
+# a checkpoint and exits with status 75 (EX_TEMPFAIL, "preempted, checkpoint
+# saved"); this script then requeues the job (`scontrol requeue`), and the
+# requeued job resumes from the latest checkpoint in --workdir, which must be on
+# storage every node sees (shared filesystem or gs://).
 #
 # DRY_RUN=1 prints the environment and the srun command (lines prefixed '+ ')
 # and runs nothing; it still needs the SLURM variables (SLURM_JOB_NODELIST,
@@ -214,4 +215,12 @@ fi
 if [[ $DRY_RUN == 1 ]]; then
   exit 0
 fi
-"${SRUN[@]}"
+# Exit status 75 (EX_TEMPFAIL) is the trainer's "preempted, checkpoint saved":
+# requeue the job, which resumes from that checkpoint when it starts again.
+status=0
+"${SRUN[@]}" || status=$?
+if [[ $status == 75 && -n ${SLURM_JOB_ID:-} ]]; then
+  note "preempted with a checkpoint saved (exit 75): requeueing job $SLURM_JOB_ID"
+  scontrol requeue "$SLURM_JOB_ID" || warn "scontrol requeue $SLURM_JOB_ID failed; resubmit by hand"
+fi
+exit "$status"

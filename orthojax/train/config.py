@@ -83,6 +83,7 @@ class Config:
   # Numerics.
   compute_dtype: str = "float32"
   nan_policy: str = "stop"
+  max_skipped_fraction: float = 0.5
   # Mesh.
   mesh_data: int = -1
   mesh_fsdp: int = 1
@@ -127,6 +128,8 @@ class Config:
       _nonnegative(name, getattr(self, name))
     for name in ("num_epochs", "weight_decay", "grad_clip_norm", "penalty_strength", "q_star"):
       _nonnegative(name, getattr(self, name))
+    if not 0.0 <= self.max_skipped_fraction <= 1.0:
+      raise ConfigError(f"--max_skipped_fraction={self.max_skipped_fraction}: must be in [0, 1]")
     if not 0.0 <= self.momentum < 1.0:
       raise ConfigError(f"--momentum={self.momentum}: must be in [0, 1)")
     if not 0.0 <= self.label_smoothing < 1.0:

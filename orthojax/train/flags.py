@@ -75,6 +75,9 @@ HELP: dict[str, str] = {
     "compute_dtype": "float32 | bfloat16 compute (params stay float32).",
     "nan_policy": "stop: stop at the first non-finite loss (last checkpoint intact); "
                   "skip: drop that update and go on.",
+    "max_skipped_fraction": "With --nan_policy=skip: stop (as with stop) once more than this "
+                            "fraction of the updates were skipped as non-finite (judged from "
+                            "step 20 on); 1 never stops.",
     "mesh_data": "Mesh 'data' axis size; -1 fills.",
     "mesh_fsdp": "Mesh 'fsdp' axis size (params sharded); -1 fills.",
     "mesh_model": "Mesh 'model' axis size.",

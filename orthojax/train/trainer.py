@@ -66,6 +66,13 @@ from orthojax.train.step import TrainState
 
 Hook = Callable[[int, Any], dict[str, Any]]
 
+# The exit status of a run stopped by preemption (SIGTERM) after saving its
+# checkpoint: sysexits.h's EX_TEMPFAIL, "temporary failure, retry". Schedulers
+# and launch/ scripts requeue on it; 0 means finished, anything else failed.
+PREEMPTED_EXIT_CODE = 75
+# With nan_policy="skip", the skipped fraction is judged from this many steps on.
+MIN_STEPS_FOR_SKIPPED_FRACTION = 20
+
 
 class NonFiniteLossError(FloatingPointError):
   """Training produced a non-finite loss or gradient (``--nan_policy=stop``)."""
@@ -296,16 +303,29 @@ class Loop:
   # ----------------------------------------------------------- Checkpoint --
 
   def _check_finite(self) -> None:
-    bad = int(jax.device_get(self.state.first_nonfinite_step))
-    if bad < 0 or self.config.nan_policy != "stop":
-      return
+    """Stop on a non-finite step (``nan_policy=stop``) or, with ``skip``, once more
+    than ``max_skipped_fraction`` of the updates were dropped (judged from step
+    :data:`MIN_STEPS_FOR_SKIPPED_FRACTION` on): such a run is dead, not noisy."""
+    config = self.config
+    if config.nan_policy == "stop":
+      bad = int(jax.device_get(self.state.first_nonfinite_step))
+      if bad < 0:
+        return
+      reason = f"non-finite loss or gradient at step {bad}"
+    else:
+      skipped = int(jax.device_get(self.state.skipped_steps))
+      if (self.step < MIN_STEPS_FOR_SKIPPED_FRACTION
+          or skipped <= config.max_skipped_fraction * self.step):
+        return
+      reason = (f"{skipped} of {self.step} updates were skipped as non-finite, more than "
+                f"--max_skipped_fraction={config.max_skipped_fraction:g}")
     last = None
     if self.checkpointer:
       self.checkpointer.wait()
       last = self.checkpointer.latest_step()
     raise NonFiniteLossError(
-        f"non-finite loss or gradient at step {bad}; stopped. "
-        + (f"The last good checkpoint (step {last}) in {self.checkpointer.directory} is intact."
+        f"{reason}; stopped. "
+        + (f"The last checkpoint before it is step {last} in {self.checkpointer.directory}."
            if last is not None else "No checkpoint was written."))
 
   def _save(self) -> None:
@@ -365,6 +385,8 @@ class Loop:
           self._check_finite()
           values = interval.result()   # means over the steps since the last log
           values["lr_scale"] = jax.device_get(self.state.lr_scale)
+          if config.nan_policy == "skip":
+            values["skipped_steps"] = jax.device_get(self.state.skipped_steps)
           train_metrics = writer.write(self.step, values, "train")
         if config.spectrum_every and self.step % config.spectrum_every == 0:
           self._run_hooks(writer)
@@ -424,5 +446,7 @@ class Loop:
       eval_metrics = writer.write(self.step, eval_metrics, "eval")
     split_metrics = {split: writer.write(self.step, self._evaluate(final, split), split)
                      for split in config.final_eval_splits}
-    self.print(f"Done: {self.step} steps in {elapsed:.1f} s", flush=True)
+    skipped = int(jax.device_get(self.state.skipped_steps))
+    self.print(f"Done: {self.step} steps in {elapsed:.1f} s"
+               + (f" ({skipped} non-finite updates skipped)" if skipped else ""), flush=True)
     return eval_metrics, split_metrics

@@ -581,3 +581,28 @@ def test_tpu_compile_check_for_real(fake_tpu):
   report = pathlib.Path(env["TMPDIR"]) / "orthojax-oj-e1-compile" / "compile_report.json"
   assert report.exists()
   assert gcloud_log.read_text().startswith("tpu-vm create")
+
+
+def test_slurm_requeues_a_preempted_run(slurm):
+  """The trainer exits 75 after saving at preemption: the job is requeued; other
+  failures pass their status through untouched."""
+  env, out = slurm
+  bin_dir = out / "bin"
+  _write_exe(bin_dir / "srun", """
+      #!/usr/bin/env bash
+      while [ $# -gt 0 ]; do case $1 in --*) shift ;; *) break ;; esac; done
+      SLURM_PROCID=0 SLURM_LOCALID=0 "$@"
+      """)
+  scontrol = (bin_dir / "scontrol").read_text()
+  _write_exe(bin_dir / "scontrol", scontrol.replace(
+      '[ "$1 $2" = "show hostnames" ] || exit 1',
+      '[ "$1" = requeue ] && { echo "requeue $2" >> "$OUT_DIR/scontrol.log"; exit 0; }\n'
+      '[ "$1 $2" = "show hostnames" ] || exit 1'))
+  for status, requeued in ((75, True), (1, False), (0, False)):
+    _write_exe(out / "python", f"#!/usr/bin/env bash\nexit {status}\n")
+    (out / "scontrol.log").unlink(missing_ok=True)
+    proc = _run_slurm(GPU_ARGS, env)
+    assert proc.returncode == status, proc.stdout + proc.stderr
+    assert (out / "scontrol.log").exists() == requeued
+    if requeued:
+      assert (out / "scontrol.log").read_text().split() == ["requeue", "4242"]

@@ -88,6 +88,32 @@ def test_nan_stops_with_step_and_keeps_last_checkpoint(tmp_path, monkeypatch):
   assert int(result.state.skipped_steps) == 1 and result.final_step == config.num_steps
 
 
+def test_skip_policy_stops_a_dead_run_and_logs_what_it_skipped(tmp_path, monkeypatch):
+  """From batch 6 on every batch is NaN: a run that drops most of its updates stops
+  at the first log step past step 20 instead of reporting success."""
+  real = data_lib.train_batches
+
+  def dead(*args, **kwargs):
+    for i, batch in enumerate(real(*args, **kwargs)):
+      yield dict(batch, x=np.full_like(batch["x"], np.nan)) if i >= 6 else batch
+
+  monkeypatch.setattr(data_lib, "train_batches", dead)
+  config = _BASE.replace(num_steps=40, log_every=2, nan_policy="skip", checkpoint_every=4)
+  with pytest.raises(trainer.NonFiniteLossError,
+                     match=r"14 of 20 updates were skipped.*--max_skipped_fraction=0.5"):
+    _run(config, tmp_path, "dead")
+  from orthojax.train.metrics import read_jsonl
+  logged = [r for r in read_jsonl(str(tmp_path / "dead" / "metrics.jsonl"))
+            if r["split"] == "train"]
+  assert [r["skipped_steps"] for r in logged[:4]] == [0, 0, 0, 2]
+  # A threshold of 1 keeps going to the end, and says how many it dropped.
+  printed = []
+  result = trainer.train(config.replace(max_skipped_fraction=1.0, workdir=str(tmp_path / "on")),
+                         print_fn=lambda *a, **k: printed.append(" ".join(map(str, a))))
+  assert int(result.state.skipped_steps) == 34 and result.final_step == 40
+  assert any("34 non-finite updates skipped" in line for line in printed)
+
+
 def _cli(workdir, *extra):
   return [sys.executable, "-m", "experiments.train", "--model=mlp", "--variant=sp", "--width=32",
           "--dataset=digits", "--batch_size=32", "--num_steps=40", "--optimizer=adam",
