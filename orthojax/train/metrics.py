@@ -3,8 +3,15 @@
 Only process 0 writes (the values are global — reduced over the mesh inside
 the jitted step — so every process holds the same numbers). The JSONL log
 (``<workdir>/metrics.jsonl``, one ``{"step": …, "split": …, name: value}``
-object per line) is what the report and plot scripts read; it is appended
-to, so a resumed run continues the same file. TensorBoard files are written
+object per line) is what the report and plot scripts read. It always reads
+as one uninterrupted run: a run resumed from step ``s`` first drops the rows
+past ``s`` (logged after that checkpoint, about to be logged again), a row
+for a ``(step, split)`` already present replaces it (the final evaluation of
+a finished run, rerun), and the open logging interval's partial sums travel
+in the checkpoint (:meth:`IntervalMean.state_dict`), so the first mean after a
+resume covers the whole interval. A fresh run starts an empty log. TensorBoard
+event files are appended as they are (TensorBoard shows the latest value per
+step). TensorBoard files are written
 with ``tf.summary``. Paths go through ``etils.epath``, so the workdir may be
 local or on a cloud bucket (``gs://…``) like the checkpoints.
 """
@@ -76,6 +83,21 @@ class IntervalMean:
     self._sums = self._counts = None
     return {k: float(sums[k]) / int(counts[k]) if counts[k] else math.nan for k in sums}
 
+  def state_dict(self) -> dict[str, list[float]]:
+    """The open interval's partial sums and counts (JSON), for a checkpoint: a run
+    resumed mid-interval logs the mean over the whole interval, as if uninterrupted."""
+    if self._sums is None:
+      return {}
+    sums, counts = jax.device_get((self._sums, self._counts))
+    return {k: [float(sums[k]), int(counts[k])] for k in sums}
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    if not state:
+      self._sums = self._counts = None
+      return
+    self._sums = {k: jnp.float32(v[0]) for k, v in state.items()}
+    self._counts = {k: jnp.int32(v[1]) for k, v in state.items()}
+
 
 class MetricsWriter:
   """Writes scalars to the console, TensorBoard and ``metrics.jsonl``.
@@ -88,7 +110,7 @@ class MetricsWriter:
   """
 
   def __init__(self, workdir: str | None, total_steps: int, *, tensorboard: bool = True,
-               is_writer: bool | None = None, print_fn=print):
+               is_writer: bool | None = None, print_fn=print, resume_step: int | None = None):
     self.is_writer = jax.process_index() == 0 if is_writer is None else is_writer
     self.total_steps = total_steps
     self.print_fn = print_fn
@@ -97,9 +119,26 @@ class MetricsWriter:
     self._tensorboard = tensorboard and workdir is not None
     self.workdir = workdir
     self._last: tuple[int, float] | None = None
+    self._keys: set[tuple[int, str]] = set()
     if self.is_writer and workdir is not None:
       epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-      self._jsonl = (epath.Path(workdir) / "metrics.jsonl").open("a")
+      self._keys = self._keep_until(-1 if resume_step is None else resume_step)
+      self._jsonl = self._path.open("a")
+
+  @property
+  def _path(self) -> epath.Path:
+    return epath.Path(self.workdir) / "metrics.jsonl"
+
+  def _keep_until(self, step: int, drop: tuple[int, str] | None = None) -> set[tuple[int, str]]:
+    """Rewrite the log without rows past ``step`` (what a resumed run will log
+    again) and without the row ``drop``; returns the ``(step, split)`` keys kept.
+    A fresh run (``step`` −1) keeps nothing."""
+    records = [r for r in read_jsonl(str(self._path))
+               if 0 <= step and r.get("step", 0) <= step and (r.get("step"), r.get("split")) != drop]
+    tmp = self._path.with_name("metrics.jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tmp.replace(self._path)
+    return {(r.get("step"), r.get("split")) for r in records}
 
   @property
   def jsonl_path(self) -> str | None:
@@ -124,6 +163,12 @@ class MetricsWriter:
     if not self.is_writer:
       return values
     if self._jsonl is not None:
+      key = (int(step), split)
+      if key in self._keys:   # e.g. the final evaluation of a finished run, rerun
+        self._jsonl.close()
+        self._keep_until(int(step), drop=key)
+        self._jsonl = self._path.open("a")
+      self._keys.add(key)
       self._jsonl.write(json.dumps({"step": int(step), "split": split, **values}) + "\n")
       self._jsonl.flush()
     if self._tensorboard:

@@ -111,6 +111,7 @@ class LoopState:
 
   Attributes:
     batches_consumed: training batches stepped on (the input position to resume at).
+    interval: the open logging interval's partial sums (``IntervalMean.state_dict``).
     best: the best value of the watched eval metric so far (None before the first eval).
     best_step: the step of that evaluation.
     evals_since_best: evaluations without improvement (early stopping).
@@ -118,6 +119,7 @@ class LoopState:
   """
 
   batches_consumed: int = 0
+  interval: dict[str, list[float]] = dataclasses.field(default_factory=dict)
   best: float | None = None
   best_step: int | None = None
   evals_since_best: int = 0
@@ -270,6 +272,8 @@ class Loop:
     self.loop = LoopState()
     self.best_state: TrainState | None = None   # --restore_best: a copy at the best eval
     self.state = self._init_or_restore()
+    self.interval = metrics_lib.IntervalMean()   # train metrics since the last log
+    self.interval.load_state_dict(self.loop.interval)
     self.step = int(jax.device_get(self.state.step))
     self.saved_step = self.step if self.restored else None
 
@@ -333,6 +337,7 @@ class Loop:
     self._check_finite()
     if self.saved_step == self.step:
       return
+    self.loop.interval = self.interval.state_dict()
     meta = {**dataclasses.asdict(self.loop), "config": dataclasses.asdict(self.config)}
     self.checkpointer.save(self.step, self.state, meta,
                            best=self.best_state if self.config.restore_best else None)
@@ -365,8 +370,9 @@ class Loop:
 
   def run(self) -> TrainResult:
     config, total = self.config, self.program.total_steps
-    writer = metrics_lib.MetricsWriter(config.workdir or None, total, print_fn=self.print)
-    interval = metrics_lib.IntervalMean()
+    writer = metrics_lib.MetricsWriter(config.workdir or None, total, print_fn=self.print,
+                                       resume_step=self.step if self.restored else None)
+    interval = self.interval
     train_metrics: dict[str, float] = {}
     preempted = stopped_early = False
     if self.checkpointer:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -288,3 +289,34 @@ def test_interval_mean_skips_non_finite_steps_and_resets():
   result = mean.result()
   assert result["loss"] == 2.0 and np.isnan(result["grad_norm"])
   assert mean.result() == {}
+
+
+def test_metrics_log_after_resume_reads_as_one_uninterrupted_run(tmp_path):
+  """Preempted at step 6 (mid-interval, log_every=4), a row past the checkpoint
+  planted as a crash would leave it, then resumed, then rerun once finished: the
+  log has the uninterrupted run's rows — no duplicates, no stale rows, the
+  interval mean at step 8 over steps 5–8 — and one final evaluation."""
+  def preempt_at_6(step, params):
+    if step == 6:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return {}
+
+  config = _BASE.replace(checkpoint_every=3, spectrum_every=1, num_steps=12)
+  _, straight = _run(config, tmp_path, "straight")
+  previous = signal.getsignal(signal.SIGTERM)
+  try:
+    result, _ = _run(config, tmp_path, "resumed", hooks=(preempt_at_6,))
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  assert result.preempted and result.final_step == 6
+  with open(tmp_path / "resumed" / "metrics.jsonl", "a") as f:   # logged after the save
+    f.write(json.dumps({"step": 7, "split": "train", "loss": 123.0}) + "\n")
+  _run(config, tmp_path, "resumed")
+  _, log = _run(config, tmp_path, "resumed")                       # finished: rerun
+  keys = lambda records: [(r["step"], r["split"]) for r in records]
+  assert keys(log) == keys(straight) == [(4, "train"), (8, "train"), (12, "train"),
+                                         (12, "eval")]
+  for a, b in zip(log, straight):
+    for name in ("loss", "accuracy", "top1"):
+      if name in b:
+        assert a[name] == pytest.approx(b[name], rel=1e-6), (a, b)
