@@ -63,6 +63,7 @@ from orthojax.train.program import OptimizerArg
 from orthojax.train.program import build_program
 from orthojax.train.program import compile_program
 from orthojax.train.step import TrainState
+from orthojax.train.workdir_lock import WorkdirLock
 
 Hook = Callable[[int, Any], dict[str, Any]]
 
@@ -175,11 +176,12 @@ def train(config: Config, *, hooks: tuple[Hook, ...] = (),
   """
   devices = list(jax.devices() if devices is None else devices)
   config.validate(num_devices=len(devices), num_processes=jax.process_count())
-  info = data_lib.dataset_info(config.dataset, data_dir=config.data_dir or None,
-                               **config.options)
-  program = build_program(config, info, devices=devices, num_processes=jax.process_count())
-  source = inputs.RegisteredInput(config.dataset, config.options, config.data_dir or None)
-  return Loop(compile_program(program), source, hooks, print_fn).run()
+  with WorkdirLock(config.workdir, print_fn):   # before anything is read or written
+    info = data_lib.dataset_info(config.dataset, data_dir=config.data_dir or None,
+                                 **config.options)
+    program = build_program(config, info, devices=devices, num_processes=jax.process_count())
+    source = inputs.RegisteredInput(config.dataset, config.options, config.data_dir or None)
+    return Loop(compile_program(program), source, hooks, print_fn).run()
 
 
 def fit(model_fn: ModelFn, optimizer: OptimizerArg, train_data: inputs.TrainSource,
@@ -235,10 +237,11 @@ def fit(model_fn: ModelFn, optimizer: OptimizerArg, train_data: inputs.TrainSour
   except ValueError as e:
     raise ConfigError(str(e)) from None
   devices = list(jax.devices() if devices is None else devices)
-  program = build_program(config, info, devices=devices, num_processes=jax.process_count(),
-                          model_fn=model_fn, optimizer=optimizer)
-  source = inputs.IterableInput(train_data, eval_data)
-  return Loop(compile_program(program), source, hooks, print_fn).run()
+  with WorkdirLock(config.workdir, print_fn):
+    program = build_program(config, info, devices=devices, num_processes=jax.process_count(),
+                            model_fn=model_fn, optimizer=optimizer)
+    source = inputs.IterableInput(train_data, eval_data)
+    return Loop(compile_program(program), source, hooks, print_fn).run()
 
 
 

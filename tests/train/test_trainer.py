@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import textwrap
 import sys
 import time
 
@@ -320,3 +321,31 @@ def test_metrics_log_after_resume_reads_as_one_uninterrupted_run(tmp_path):
     for name in ("loss", "accuracy", "top1"):
       if name in b:
         assert a[name] == pytest.approx(b[name], rel=1e-6), (a, b)
+
+
+def test_one_run_per_workdir(tmp_path):
+  """A second run on a live run's workdir is refused in one line naming the holder;
+  once the first is gone (even killed), the workdir is free again."""
+  from orthojax.train.workdir_lock import WorkdirLock
+  from orthojax.train.config import ConfigError
+  workdir = str(tmp_path / "w")
+  holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+      import sys, time
+      from orthojax.train.workdir_lock import WorkdirLock
+      with WorkdirLock({workdir!r}):
+        print("locked", flush=True)
+        time.sleep(60)
+      """)], stdout=subprocess.PIPE, text=True, env=_env(1), cwd=_REPO)
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(ConfigError, match=rf"--workdir=.*in use by pid {holder.pid} on") as err:
+      trainer.train(_BASE.replace(workdir=workdir), print_fn=lambda *a, **k: None)
+    assert "\n" not in str(err.value)
+  finally:
+    holder.kill()   # SIGKILL: the kernel releases the lock
+    holder.wait()
+  with WorkdirLock(workdir):
+    pass
+  with pytest.raises(ConfigError, match="cannot write there"):
+    with WorkdirLock(str(tmp_path / "w" / "run.lock" / "sub")):
+      pass
