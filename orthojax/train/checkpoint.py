@@ -92,14 +92,18 @@ class Checkpointer:
       items["best"] = ocp.args.StandardSave(best)
     self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
+  def meta(self, step: int) -> dict[str, Any]:
+    """The JSON item of ``step`` alone (cheap: no arrays are read)."""
+    return dict(self._manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore())).meta)
+
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
     """Restore ``step`` onto ``abstract_state``'s shapes, dtypes and shardings.
 
     Returns ``(state, meta)``; when the checkpoint holds a ``best`` state it
     is restored onto the same target and returned as ``meta["best_state"]``.
     """
-    meta = dict(self._manager.restore(step, args=ocp.args.Composite(
-        meta=ocp.args.JsonRestore())).meta)
+    meta = self.meta(step)
     items = dict(state=ocp.args.StandardRestore(abstract_state))
     if meta.pop("has_best", False):
       items["best"] = ocp.args.StandardRestore(abstract_state)

@@ -31,6 +31,32 @@ class ConfigError(ValueError):
   """A bad flag value; the message is one line naming the flag."""
 
 
+# Fields a resumed run may change: where and how often it logs, evaluates and
+# saves, the devices and mesh it runs on, how it guards against non-finite
+# steps, micro-batching (the same update up to rounding), and how far it
+# trains when the schedule does not depend on the total length. Every other
+# field changes the run's mathematics and is refused on resume.
+RESUMABLE_FIELDS = ("workdir", "data_dir", "log_every", "eval_every", "checkpoint_every",
+                    "keep_checkpoints", "spectrum_every", "final_eval_splits", "eval_batch_size",
+                    "mesh_data", "mesh_fsdp", "mesh_model", "num_slices", "nan_policy",
+                    "max_skipped_fraction", "grad_accum_steps")
+LENGTH_FIELDS = ("num_steps", "num_epochs")   # resumable with a constant or plateau schedule
+
+
+def resume_differences(saved: dict[str, Any], config: "Config") -> list[str]:
+  """``--flag=value (checkpoint: value)`` for each field that may not change on resume.
+
+  Fields the checkpoint does not record (written by an older orthojax) are not compared.
+  """
+  import json  # pylint: disable=g-import-not-at-top
+  now = json.loads(json.dumps(dataclasses.asdict(config)))   # tuples as the saved lists
+  allowed = set(RESUMABLE_FIELDS)
+  if config.schedule in ("constant", "plateau"):
+    allowed |= set(LENGTH_FIELDS)
+  return [f"--{k}={now[k]} (checkpoint: {saved[k]})" for k in now
+          if k in saved and k not in allowed and saved[k] != now[k]]
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
   """All knobs of a training run. Field = flag name; see ``flags.py`` for help texts."""

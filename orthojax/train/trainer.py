@@ -43,12 +43,14 @@ uninterrupted one.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
+from etils import epath
 
 from orthojax.train import checkpoint as ckpt_lib
 from orthojax.train import data as data_lib
@@ -57,6 +59,7 @@ from orthojax.train import mesh as mesh_lib
 from orthojax.train import metrics as metrics_lib
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
+from orthojax.train.config import resume_differences
 from orthojax.train.program import CompiledProgram
 from orthojax.train.program import ModelFn
 from orthojax.train.program import OptimizerArg
@@ -277,6 +280,9 @@ class Loop:
     self.state = self._init_or_restore()
     self.interval = metrics_lib.IntervalMean()   # train metrics since the last log
     self.interval.load_state_dict(self.loop.interval)
+    if config.workdir and jax.process_index() == 0:   # the run's flags, beside its results
+      path = epath.Path(config.workdir) / "config.json"
+      path.write_text(json.dumps(dataclasses.asdict(config), indent=1))
     self.step = int(jax.device_get(self.state.step))
     self.saved_step = self.step if self.restored else None
 
@@ -287,6 +293,12 @@ class Loop:
     self.restored = latest is not None
     if latest is None:
       return self.program.init()
+    changed = resume_differences(self.checkpointer.meta(latest).get("config", {}), self.config)
+    if changed:
+      self.checkpointer.close()
+      raise ConfigError(f"--workdir={self.config.workdir}: its checkpoint (step {latest}) is of "
+                        f"another run: {', '.join(changed)}; resume with the run's own flags or "
+                        f"use a new --workdir")
     state, meta = self.checkpointer.restore(latest, self.program.abstract_state())
     self.best_state = meta.pop("best_state", None)
     self.loop = LoopState.from_meta(meta)

@@ -349,3 +349,21 @@ def test_one_run_per_workdir(tmp_path):
   with pytest.raises(ConfigError, match="cannot write there"):
     with WorkdirLock(str(tmp_path / "w" / "run.lock" / "sub")):
       pass
+
+
+def test_resume_refuses_a_changed_run_and_allows_the_rest(tmp_path):
+  config = _BASE.replace(checkpoint_every=4, num_steps=8)
+  _run(config.replace(num_steps=4), tmp_path, "run")
+  saved = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert saved["lr"] == config.lr and saved["optimizer"] == "adam"
+  from orthojax.train.config import ConfigError
+  with pytest.raises(ConfigError, match=r"--width=64 \(checkpoint: 32\), --lr=0\.01 "
+                                        r"\(checkpoint: 0\.003\)") as err:
+    _run(config.replace(lr=0.01, width=64), tmp_path, "run")
+  assert "\n" not in str(err.value)
+  # Logging, evaluation, checkpoints, mesh and length (constant schedule) may change.
+  result, _ = _run(config.replace(log_every=2, eval_every=2, keep_checkpoints=5, mesh_data=2,
+                                  mesh_fsdp=4), tmp_path, "run")
+  assert result.final_step == 8
+  with pytest.raises(ConfigError, match="num_steps"):
+    _run(config.replace(num_steps=12, schedule="cosine"), tmp_path, "run")
