@@ -16,6 +16,15 @@ checkpoints intact and the partial one invisible. Restoring takes an
 *abstract* target whose leaves carry the shardings of the current mesh, so a
 checkpoint written on 8 devices restores on 4 or on 1.
 
+Integrity: Orbax checks no checksum, so a flipped bit restores silently. Once
+a step's save has finished, a manifest of the SHA-256 of every file in its
+directory is written beside the checkpoints
+(``<directory>/../checkpoint_checksums/<step>.json``). A resume takes the newest
+step whose files all match their manifest; a damaged, incomplete or
+unverified newer step is reported in one line each and passed over, and is
+left on disk untouched for inspection (the next saves move past it). A step
+is only ever called intact after that check.
+
 Preemption: ``SIGTERM`` sets a flag the loop polls
 (:meth:`Checkpointer.preempted`); multi-process runs also ask Orbax's
 ``reached_preemption`` (JAX's preemption sync manager) so every process
@@ -24,13 +33,37 @@ stops at the same step. The loop then saves and exits cleanly.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import signal
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
+
+
+def _digest(path: epath.Path) -> str:
+  sha = hashlib.sha256()
+  with path.open("rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      sha.update(block)
+  return sha.hexdigest()
+
+
+def _files(step_dir: epath.Path) -> dict[str, epath.Path]:
+  """Every file under ``step_dir`` by its relative path (a walk with ``iterdir``:
+  etils refuses recursive globs, which cost thousands of requests on GCS)."""
+  out, stack = {}, [step_dir]
+  while stack:
+    for path in stack.pop().iterdir():
+      if path.is_dir():
+        stack.append(path)
+      else:
+        out[os.fspath(path.relative_to(step_dir))] = path
+  return out
 
 
 class Checkpointer:
@@ -52,6 +85,7 @@ class Checkpointer:
         max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
         save_interval_steps=1)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._checksums = epath.Path(self.directory).parent / "checkpoint_checksums"
     self._sigterm = threading.Event()
     self._previous_handler = None
 
@@ -85,7 +119,11 @@ class Checkpointer:
     return self.every_steps > 0 and step > 0 and step % self.every_steps == 0
 
   def save(self, step: int, state: Any, meta: dict[str, Any], best: Any = None) -> None:
-    """Save ``state`` (arrays), ``meta`` (JSON-able) and optionally ``best`` at ``step`` (async)."""
+    """Save ``state`` (arrays), ``meta`` (JSON-able) and optionally ``best`` at ``step`` (async).
+
+    The previous save is finished and its checksums written first.
+    """
+    self.wait()
     items = dict(state=ocp.args.StandardSave(state),
                  meta=ocp.args.JsonSave({**meta, "has_best": best is not None}))
     if best is not None:
@@ -113,8 +151,81 @@ class Checkpointer:
     return restored.state, meta
 
   def wait(self) -> None:
-    """Block until pending async saves are on disk."""
+    """Block until pending async saves are on disk, then write their checksums."""
     self._manager.wait_until_finished()
+    if jax.process_index() == 0:
+      for step in self.all_steps():
+        manifest = self._checksums / f"{step}.json"
+        if not manifest.exists():
+          step_dir = epath.Path(self.directory) / str(step)
+          digests = {name: _digest(path) for name, path in sorted(_files(step_dir).items())}
+          self._checksums.mkdir(parents=True, exist_ok=True)
+          tmp = manifest.with_name(manifest.name + ".tmp")
+          tmp.write_text(json.dumps(digests, indent=0))
+          tmp.replace(manifest)
+
+  def damage(self, step: int) -> str | None:
+    """Why ``step`` cannot be trusted (one phrase), or None when every file matches."""
+    manifest = self._checksums / f"{step}.json"
+    if not manifest.exists():
+      return "no checksums were written for it (its save did not finish)"
+    try:
+      expected = json.loads(manifest.read_text())
+    except ValueError:
+      return "its checksum manifest is unreadable"
+    found = _files(epath.Path(self.directory) / str(step))
+    for name, digest in expected.items():
+      if name not in found:
+        return f"{name} is missing"
+      if _digest(found[name]) != digest:
+        return f"{name} does not match its checksum"
+    return None
+
+  def latest_intact_step(self, print_fn: Callable[..., None] = print) -> int | None:
+    """The newest step whose files all match their checksums (None: no step saved).
+
+    Each newer step passed over is reported in one line and moved to
+    ``checkpoints_unusable/`` beside the checkpoints, out of the way of the saves
+    to come.
+
+    Raises:
+      ValueError: steps exist but none is intact (nothing is moved then).
+    """
+    passed_over = []
+    found = None
+    for step in sorted(self.all_steps(), reverse=True):
+      why = self.damage(step)
+      if why is None:
+        found = step
+        break
+      print_fn(f"Checkpoint step {step} in {self.directory} is not usable: {why}; "
+               f"trying an older one", flush=True)
+      passed_over.append(step)
+    if passed_over and found is None:
+      raise ValueError(f"no checkpoint in {self.directory} is intact; move it away to start "
+                       f"the run over")
+    for step in passed_over:
+      self._set_aside(step, print_fn)
+    return found
+
+  def _set_aside(self, step: int, print_fn: Callable[..., None]) -> None:
+    """Move an unusable step out of the way of the saves to come (kept for inspection)."""
+    aside = epath.Path(self.directory).parent / "checkpoints_unusable"
+    if jax.process_index() == 0:
+      aside.mkdir(parents=True, exist_ok=True)
+      target = aside / str(step)
+      n = 1
+      while target.exists():
+        target, n = aside / f"{step}.{n}", n + 1
+      (epath.Path(self.directory) / str(step)).rename(target)
+      manifest = self._checksums / f"{step}.json"
+      if manifest.exists():
+        manifest.rename(target.with_name(target.name + ".checksums.json"))
+      print_fn(f"  moved to {target}", flush=True)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices(f"orthojax set aside checkpoint {step}")
+    self._manager.reload()
 
   def close(self) -> None:
     self.wait()

@@ -289,7 +289,13 @@ class Loop:
   # ------------------------------------------------------ Init or restore --
 
   def _init_or_restore(self) -> TrainState:
-    latest = self.checkpointer.latest_step() if self.checkpointer else None
+    latest = None
+    if self.checkpointer:
+      try:
+        latest = self.checkpointer.latest_intact_step(self.print)
+      except ValueError as e:
+        self.checkpointer.close()
+        raise ConfigError(f"--workdir={self.config.workdir}: {e}") from None
     self.restored = latest is not None
     if latest is None:
       return self.program.init()

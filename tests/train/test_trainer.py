@@ -367,3 +367,49 @@ def test_resume_refuses_a_changed_run_and_allows_the_rest(tmp_path):
   assert result.final_step == 8
   with pytest.raises(ConfigError, match="num_steps"):
     _run(config.replace(num_steps=12, schedule="cosine"), tmp_path, "run")
+
+
+def _flip_one_bit(path):
+  data = bytearray(path.read_bytes())
+  data[len(data) // 2] ^= 0x01
+  path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "unverified"])
+def test_damaged_newest_checkpoint_falls_back_to_the_intact_one(tmp_path, damage):
+  """A bit flipped in a data file, a truncated or deleted file, or a save that never
+  got its checksums: the newest step is reported, set aside, and the run resumes
+  from the newest intact one — ending exactly as the uninterrupted run."""
+  config = _BASE.replace(num_steps=12, checkpoint_every=4)
+  straight, _ = _run(config, tmp_path, "straight")
+  _run(config.replace(num_steps=8), tmp_path, "run")          # steps 4 and 8 saved
+  step_dir = tmp_path / "run" / "checkpoints" / "8"
+  data = max((p for p in step_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  if damage == "flip":
+    _flip_one_bit(data)
+  elif damage == "truncate":
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+  elif damage == "delete":
+    (step_dir / "state" / "_METADATA").unlink()
+  else:
+    (tmp_path / "run" / "checkpoint_checksums" / "8.json").unlink()
+  printed = []
+  result = trainer.train(config.replace(workdir=str(tmp_path / "run")),
+                         print_fn=lambda *a, **k: printed.append(" ".join(map(str, a))))
+  assert any("step 8" in line and "not usable" in line for line in printed), printed
+  assert any("Resumed from" in line and "at step 4" in line for line in printed), printed
+  assert (tmp_path / "run" / "checkpoints_unusable" / "8").exists()
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               result.state.params, straight.state.params)
+
+
+def test_no_intact_checkpoint_is_one_line_and_moves_nothing(tmp_path):
+  config = _BASE.replace(num_steps=4, checkpoint_every=4)
+  _run(config, tmp_path, "run")
+  _flip_one_bit(max((p for p in (tmp_path / "run" / "checkpoints" / "4").rglob("*")
+                     if p.is_file()), key=lambda p: p.stat().st_size))
+  from orthojax.train.config import ConfigError
+  with pytest.raises(ConfigError, match="no checkpoint in .* is intact") as err:
+    _run(config.replace(num_steps=8), tmp_path, "run")
+  assert "\n" not in str(err.value)
+  assert (tmp_path / "run" / "checkpoints" / "4").exists()
