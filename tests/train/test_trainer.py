@@ -244,19 +244,25 @@ def test_manifold_weights_train_on_the_manifold_through_the_partition(tmp_path, 
                ) < 1e-4
 
 
-def test_sigterm_at_a_checkpoint_step_stops_cleanly_and_resumes(tmp_path):
-  """Preemption noticed at a step the periodic save just wrote: one save, a clean stop."""
-  def preempt_at_4(step, params):
-    if step == 4:
+def _preempted_at(step, config, tmp_path, name):
+  """Run ``config`` with a SIGTERM sent to this process at ``step`` (a spectrum hook;
+  ``config.spectrum_every`` must be 1), restoring the signal handler afterwards."""
+  def hook(at, params):
+    if at == step:
       os.kill(os.getpid(), signal.SIGTERM)
     return {}
 
-  config = _BASE.replace(checkpoint_every=2, spectrum_every=1, num_steps=8)
   previous = signal.getsignal(signal.SIGTERM)
   try:
-    result, _ = _run(config, tmp_path, "preempted", hooks=(preempt_at_4,))
+    return _run(config, tmp_path, name, hooks=(hook,))[0]
   finally:
     signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_at_a_checkpoint_step_stops_cleanly_and_resumes(tmp_path):
+  """Preemption noticed at a step the periodic save just wrote: one save, a clean stop."""
+  config = _BASE.replace(checkpoint_every=2, spectrum_every=1, num_steps=8)
+  result = _preempted_at(4, config, tmp_path, "preempted")
   assert result.preempted and result.final_step == 4
   resumed, log = _run(config, tmp_path, "preempted")
   assert not resumed.preempted and resumed.final_step == 8
@@ -297,18 +303,9 @@ def test_metrics_log_after_resume_reads_as_one_uninterrupted_run(tmp_path):
   planted as a crash would leave it, then resumed, then rerun once finished: the
   log has the uninterrupted run's rows — no duplicates, no stale rows, the
   interval mean at step 8 over steps 5–8 — and one final evaluation."""
-  def preempt_at_6(step, params):
-    if step == 6:
-      os.kill(os.getpid(), signal.SIGTERM)
-    return {}
-
   config = _BASE.replace(checkpoint_every=3, spectrum_every=1, num_steps=12)
   _, straight = _run(config, tmp_path, "straight")
-  previous = signal.getsignal(signal.SIGTERM)
-  try:
-    result, _ = _run(config, tmp_path, "resumed", hooks=(preempt_at_6,))
-  finally:
-    signal.signal(signal.SIGTERM, previous)
+  result = _preempted_at(6, config, tmp_path, "resumed")
   assert result.preempted and result.final_step == 6
   with open(tmp_path / "resumed" / "metrics.jsonl", "a") as f:   # logged after the save
     f.write(json.dumps({"step": 7, "split": "train", "loss": 123.0}) + "\n")
