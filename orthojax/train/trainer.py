@@ -402,7 +402,12 @@ class Loop:
       batches = self._train_batches()
       start_time = time.perf_counter()
       while self.step < total:
-        self.state, metrics = self.compiled.train_step(self.state, next(batches))
+        batch = next(batches, None)
+        if batch is None:   # only a user's finite stream ends (registered ones repeat)
+          raise ConfigError(f"train_data: ended after {self.loop.batches_consumed} batches; "
+                            f"num_steps={total} needs {total} (yield more, or pass a "
+                            f"re-iterable, which is repeated like epochs)")
+        self.state, metrics = self.compiled.train_step(self.state, batch)
         if self.one_step_in_flight:
           jax.block_until_ready(self.state.step)
         interval.add(metrics)

@@ -173,3 +173,11 @@ def test_readme_example_runs_on_8_devices_with_steps_in_flight(tmp_path):
   defect = float(proc.stdout.split("defect")[-1])
   assert defect < 1e-5
   assert "[train] step 50/60" in proc.stdout
+
+
+def test_a_stream_that_ends_early_is_one_line():
+  short = lambda start: _batches(3)[start:]
+  with pytest.raises(ConfigError, match="ended after 3 batches; num_steps=5") as err:
+    fit(_Tiny, optax.adam(1e-3), short, Config(batch_size=8, num_steps=5), devices=[_cpu()],
+        print_fn=lambda *a, **k: None)
+  assert "\n" not in str(err.value)
