@@ -58,10 +58,6 @@ def _arrays(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
   return out
 
 
-def type_bytes(type_text: str) -> int:
-  return sum(_DTYPE_BYTES[d] * math.prod(s) for d, s in _arrays(type_text))
-
-
 def parse(hlo_text: str) -> tuple[dict[str, list[Instruction]], str]:
   """``({computation: instructions}, entry name)`` of an HLO module's text."""
   computations: dict[str, list[Instruction]] = {}
