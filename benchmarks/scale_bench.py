@@ -172,8 +172,10 @@ def run(quick: bool = False, on_report: Callable[[str, aot.CompileReport], None]
         only: str | None = None) -> list[Row]:
   """Compile every case (``only``: those whose name contains it) into rows."""
   rows = []
-  for name, config, topo, how in _cases(quick and not only):
-    if only and only not in name:
+  cases = list(_cases(quick and not only))
+  exact = any(name == only for name, *_ in cases)   # else: every name containing it
+  for name, config, topo, how in cases:
+    if only and (name != only if exact else only not in name):
       continue
     optimizer = conv_optimizer(how["optimizer"], config) if "optimizer" in how else None
     report = aot.compile_for(config, topo, num_slices=how.get("num_slices"),
