@@ -2,8 +2,10 @@
 
 An experiment module (``experiments/uci.py``, …) is thin:
 
-1. its flagfile sets the shared training flags (:mod:`orthojax.train.flags`)
-   and the experiment's own flags;
+1. its flagfile names a config file and overrides
+   (``--config=experiments/configs/<exp>.py[:variant]``, ``--config.a.b=value``: an
+   ``ml_collections`` ConfigDict whose keys are those of
+   :class:`~orthojax.train.config.Config`) and sets the experiment's own flags;
 2. it turns the base :class:`~orthojax.train.config.Config` into a list of
    :class:`Run` s (one per variant × seed × split …), each tagged with the
    setting it belongs to;
@@ -28,6 +30,7 @@ import math
 import os
 import platform
 import sys
+import pathlib
 import tempfile
 import time
 from typing import Any, Callable, Iterable, NoReturn, Sequence
@@ -36,8 +39,9 @@ from absl import flags
 from absl import logging
 from etils import epath
 
+from ml_collections import config_flags
+
 from orthojax.train import distributed
-from orthojax.train import flags as flags_lib
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
 
@@ -47,11 +51,37 @@ REPORT = "report.md"
 
 # ------------------------------------------------------------------- Flags --
 
-def define_flags() -> None:
-  """The training flags (one per Config field) plus the multi-process ones."""
-  flags_lib.define_flags()
-  if "distributed" in flags.FLAGS:
+CONFIGS = pathlib.Path(__file__).resolve().parent / "configs"
+
+
+def define_flags(default_config: str = "train.py") -> None:
+  """``--config`` (an ``experiments/configs`` file, default ``default_config``),
+  ``--workdir``, ``--config_help``, the multi-process flags and the shared ones."""
+  if "config" in flags.FLAGS:
     return
+  try:
+    _define_config(default_config)
+  except (*_OVERRIDE_ERRORS, config_flags.config_flags.UnsupportedOperationError) as e:
+    _fail_override(e, sys.argv)   # ml_collections applies argv's overrides here already
+  flags.DEFINE_string("workdir", "", "Output directory: checkpoints, metrics.jsonl, "
+                      "TensorBoard files, results and the report. Rerunning resumes there.")
+  flags.DEFINE_bool("config_help", False, "Print the config (after overrides) and the "
+                    "constructors its sections may name, with their keywords, and exit.")
+  _define_shared()
+
+
+def _define_config(default_config: str) -> None:
+  config_flags.DEFINE_config_file(
+      "config", str(CONFIGS / default_config),
+      "The training config: a Python file whose get_config(arg) returns an ml_collections "
+      "ConfigDict with the keys of orthojax.train.Config (experiments/configs/*.py), "
+      "optionally FILE:arg (e.g. e1_resnet50.py:gmp_imn); override any key with "
+      "--config.key=value (--config.optimizer.learning_rate=0.1). --config_help prints "
+      "the config and every model / optimizer / manifold a section may name.",
+      lock_config=True)
+
+
+def _define_shared() -> None:
   flags.DEFINE_bool("distributed", False,
                     "Initialise jax.distributed (auto-detects TPU pods / SLURM).")
   flags.DEFINE_string("coordinator_address", "",
@@ -65,10 +95,57 @@ def define_flags() -> None:
   flags.DEFINE_integer("num_seeds", 0, "Seeds per setting: --seed, --seed+1, ...; 0: the "
                        "experiment's default.")
   flags.DEFINE_string("compile_for", "", "Pod compile check: compile the exact train and eval "
-                      "steps for this TPU topology (e.g. v5e:8x8, v4:2x2x4; with --num_slices "
+                      "steps for this TPU topology (e.g. v5e:8x8, v4:2x2x4; with --config.mesh.num_slices "
                       "for multi-slice) with libtpu, without TPUs or data; print the per-chip "
                       "HBM, FLOPs, collectives and roofline, write compile_report.json to "
                       "--workdir, and stop (exit 1 if it does not fit).")
+
+
+def parse_flags(argv: Sequence[str]) -> list[str]:
+  """absl's flag parsing, with a bad flag as one line (absl prints two) and exit 2."""
+  try:
+    return flags.FLAGS(list(argv))
+  except flags.Error as e:
+    fail(str(e).splitlines()[0])
+
+
+_OVERRIDE_ERRORS = (AttributeError, KeyError, TypeError, ValueError, OSError)
+
+
+def _fail_override(e: Exception, argv: Sequence[str]) -> NoReturn:
+  """One line for an override ml_collections rejects (a key the config does not have, a
+  key whose value is None, a config file that does not load)."""
+  text = str(e).replace("\\", "")
+  overrides = [a.split("=")[0] for a in argv if a.startswith("--config")]
+  named = [o for o in overrides if o[2:] in text or f"'{o.rsplit('.', 1)[-1]}'" in text]
+  override = (named or overrides or ["--config"])[-1]
+  words = " ".join(text.replace("\\n", " ").replace("n'", "' ").replace("'", "").split())
+  if isinstance(e, OSError):
+    given = [a for a in argv if a.startswith("--config=")]
+    cause = e.__cause__ or e
+    fail(f"{given[-1] if given else '--config'}: cannot load it "
+         f"({' '.join(str(cause).replace('config_config', 'the file').split())[:300]})")
+  if type(e).__name__ == "UnsupportedOperationError":
+    words = "its value is None in the config file; set it there"
+  fail(f"{override}: cannot set it ({words[:300]}); --config_help lists the config's keys")
+
+
+def config_dict() -> Any:
+  """``--config`` with its overrides applied, or one line and exit 2 (ml_collections
+  applies overrides when the flag is first read, raising plain exceptions)."""
+  from ml_collections.config_flags import config_flags as mlc_flags  # pylint: disable=g-import-not-at-top
+  try:
+    config = flags.FLAGS.config
+    config.keys()   # a file that failed to load is a proxy that raises on first use
+    return config
+  except (*_OVERRIDE_ERRORS, mlc_flags.UnsupportedOperationError) as e:
+    _fail_override(e, sys.argv)
+
+
+def run(main: Callable[[list[str]], Any]) -> None:
+  """``app.run(main)`` with :func:`parse_flags`: every experiment's ``__main__``."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  app.run(main, flags_parser=parse_flags)
 
 
 def start(argv: Sequence[str]) -> Config:
@@ -82,16 +159,40 @@ def start(argv: Sequence[str]) -> Config:
   if not flags.FLAGS["verbosity"].present:   # Orbax logs every save at INFO
     logging.set_verbosity(logging.WARNING)
   fv = flags.FLAGS
+  tree = config_dict()
+  if fv.config_help:
+    print_config_help(tree)
+    raise SystemExit(0)
   if fv.compile_for:   # abstract TPU devices only; this machine's backend is the CPU
     import jax  # pylint: disable=g-import-not-at-top
     jax.config.update("jax_platforms", "cpu")
   distributed.initialize(enabled=fv.distributed, coordinator_address=fv.coordinator_address,
                          num_processes=fv.num_processes, process_id=fv.process_id)
   import jax  # pylint: disable=g-import-not-at-top  (after distributed start-up)
+  config = fail_on_config_error(lambda: config_from_flags(fv))
   if fv.compile_for:   # checked against the topology's chips and hosts by compile_runs
-    return fail_on_config_error(flags_lib.config_from_flags)
-  return fail_on_config_error(lambda: flags_lib.config_from_flags(
+    return fail_on_config_error(config.validate)
+  return fail_on_config_error(lambda: config.validate(
       num_devices=jax.device_count(), num_processes=jax.process_count()))
+
+
+def config_from_flags(fv: flags.FlagValues = flags.FLAGS) -> Config:
+  """The :class:`Config` of ``--config`` (+ overrides) and ``--workdir`` (not validated)."""
+  tree = config_dict().to_dict()
+  if "workdir" in tree:
+    raise ConfigError("config.workdir: set the workdir with --workdir, not in the config")
+  return Config.from_dict({**tree, "workdir": fv.workdir})
+
+
+def print_config_help(config: Any) -> None:
+  """``--config_help``: the config and every constructor a section may name."""
+  from orthojax.train import registry  # pylint: disable=g-import-not-at-top
+  print(f"The config (--config.KEY=VALUE overrides any key):\n{config}")
+  for kind, title in (("model", "config.model.name"), ("optimizer", "config.optimizer.name"),
+                      ("manifold", "config.optimizer.manifold.name"),
+                      ("layers", "Sequential layers"), ("penalty", "config.penalty"),
+                      ("kernel_init", "kernel_init / bias_init")):
+    print(f"\n{title}: one of\n{registry.describe(kind)}")
 
 
 # ----------------------------------------------------------- Compile check --
@@ -101,11 +202,12 @@ def compile_only() -> bool:
   return bool(flags.FLAGS.compile_for)
 
 
-def _program_key(config: Config) -> Config:
+def _program_key(config: Config) -> str:
   """Runs differing only in seed, workdir or data split compile to the same program."""
-  options = tuple((k, v) for k, v in config.dataset_options
-                  if k not in ("split_index", "data_seed", "permutation_seed"))
-  return config.replace(seed=0, workdir="", dataset_options=options)
+  data = {k: v for k, v in config.data.items()
+          if k not in ("split_index", "data_seed", "permutation_seed")}
+  tree = {**config.to_dict(), "seed": 0, "workdir": "", "data": data}
+  return json.dumps(tree, sort_keys=True)
 
 
 def compile_runs(runs: Sequence[Run], workdir: str, *, print_fn: Callable[..., None] = print
@@ -123,7 +225,7 @@ def compile_runs(runs: Sequence[Run], workdir: str, *, print_fn: Callable[..., N
   target = flags.FLAGS.compile_for
   reports: dict[str, Any] = {}
   configs: list[Config] = []
-  seen: set[Config] = set()
+  seen: set[str] = set()
   try:
     for run in runs:
       key = _program_key(run.config)
@@ -131,7 +233,8 @@ def compile_runs(runs: Sequence[Run], workdir: str, *, print_fn: Callable[..., N
         continue
       seen.add(key)
       print_fn(f"Compiling {run.name or 'the run'} for {target}"
-               + (f" × {run.config.num_slices} slices" if run.config.num_slices > 1 else "")
+               + (f" × {run.config.mesh.num_slices} slices" if run.config.mesh.num_slices > 1
+                  else "")
                + " …", flush=True)
       report = aot.compile_for(run.config, target,
                                num_chips=len(run.devices) if run.devices else None)

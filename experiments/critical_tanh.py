@@ -56,7 +56,6 @@ import os
 import time
 from typing import Any
 
-from absl import app
 from absl import flags
 import numpy as np
 
@@ -349,4 +348,4 @@ def _curves(records, workdir, key, ylabel, name, log=False) -> str:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _harness.run(main)

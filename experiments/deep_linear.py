@@ -68,7 +68,6 @@ import os
 import time
 from typing import Any, Iterable, Sequence
 
-from absl import app
 from absl import flags
 
 from experiments import _harness
@@ -386,4 +385,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  _harness.run(main)

@@ -78,7 +78,6 @@ import os
 import time
 from typing import Any
 
-from absl import app
 from absl import flags
 from etils import epath
 import numpy as np
@@ -711,4 +710,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _harness.run(main)

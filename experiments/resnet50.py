@@ -60,7 +60,6 @@ import statistics
 import time
 from typing import Any, Sequence
 
-from absl import app
 from absl import flags
 
 from experiments import _harness
@@ -218,4 +217,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _harness.run(main)

@@ -73,7 +73,6 @@ import os
 import time
 from typing import Any, Sequence
 
-from absl import app
 from absl import flags
 
 from experiments import _harness
@@ -446,4 +445,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  _harness.run(main)

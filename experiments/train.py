@@ -1,20 +1,19 @@
-r"""Train any orthojax model from flags: the one entry point of every experiment.
+r"""Train any orthojax model from a config: the one entry point of every experiment.
 
-    python -m experiments.train --flagfile=experiments/flags/<experiment>.flags [--flag=value ...]
+    python -m experiments.train --config=experiments/configs/<file>.py[:arg] \
+        [--config.key=value ...] --workdir=DIR
 
-Flags are those of :mod:`orthojax.train.flags` (``--helpfull`` lists them)
-plus the multi-process ones below. A bad flag stops with one line naming it.
-Rerunning the same command with the same ``--workdir`` resumes from the
-latest checkpoint.
+The config's keys are those of :class:`orthojax.train.Config`; ``--config_help`` prints
+them and every model, optimizer and manifold a section may name. A bad flag or key stops
+with one line naming it. Rerunning the same command with the same ``--workdir`` resumes
+from the latest checkpoint.
 """
 
 from __future__ import annotations
 
-from absl import app
-
 from experiments import _harness
 
-_harness.define_flags()
+_harness.define_flags("train.py")
 
 
 def main(argv: list[str]) -> None:
@@ -32,4 +31,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _harness.run(main)

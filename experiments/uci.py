@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import time
 
-from absl import app
 from absl import flags
 
 from experiments import _harness
@@ -158,4 +157,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _harness.run(main)

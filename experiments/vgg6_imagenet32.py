@@ -50,7 +50,6 @@ import os
 import time
 from typing import Any
 
-from absl import app
 from absl import flags
 
 from experiments import _harness
@@ -182,4 +181,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _harness.run(main)

@@ -209,10 +209,11 @@ def _does_not_fit(config: Config, topology: str, chip: topology_lib.ChipSpec, ne
   """The one-line error: what the step needs, what the chip has, what to change."""
   hints = []
   if fsdp < num_chips:
-    hints.append(f"shard params and optimizer state with --mesh_fsdp (now {fsdp}"
+    hints.append(f"shard params and optimizer state with config.mesh.fsdp (now {fsdp}"
                  + (f"; arguments take {state_gib:.3g} GiB per chip" if state_gib else "") + ")")
-  hints.append(f"a smaller per-chip batch than {config.batch_size / num_chips:g} (--batch_size)")
-  hints.append(f"micro-batches (--grad_accum_steps, now {config.grad_accum_steps}"
+  hints.append(f"a smaller per-chip batch than {config.batch_size / num_chips:g} "
+               f"(config.batch_size)")
+  hints.append(f"micro-batches (config.grad_accum_steps, now {config.grad_accum_steps}"
                + (f"; temporaries take {temporaries_gib:.3g} GiB" if temporaries_gib else "")
                + ")")
   return DoesNotFitError(f"--compile_for={topology}: the step needs {need} but a {chip.name} "
@@ -226,7 +227,7 @@ def compile_for(config: Config, topology: str, *, num_slices: int | None = None,
 
   Args:
     config: the run's config; its mesh axes are taken over the topology's
-      chips (``--num_slices`` from ``num_slices`` when given, else the config).
+      chips (``config.mesh.num_slices`` from ``num_slices`` when given, else the config).
     topology: e.g. ``"v5e:4x4"`` (:class:`orthojax.train.topology.Topology`).
     num_chips: use only the topology's first ``num_chips`` chips (a run that its
       experiment pins to fewer devices, e.g. tiny full-batch runs on one).
@@ -236,10 +237,10 @@ def compile_for(config: Config, topology: str, *, num_slices: int | None = None,
     TopologyError: an unknown topology or no libtpu.
     ConfigError: a mesh or batch that does not fit the topology's chips.
   """
-  slices = config.num_slices if num_slices is None else num_slices
+  slices = config.mesh.num_slices if num_slices is None else num_slices
   target = topology_lib.Topology.parse(topology, slices)
-  config = config.replace(num_slices=slices)
-  info = data_lib.dataset_info(config.dataset, data_dir=config.data_dir or None,
+  config = config.replace(mesh={"num_slices": slices})
+  info = data_lib.dataset_info(config.data["name"], data_dir=config.data_dir,
                                published=True, **config.options)
   devices = target.devices()[:num_chips]
   program = build_program(config, info, devices=devices,

@@ -1,85 +1,137 @@
-"""One frozen, typed training config, validated up front.
+"""One frozen, typed, nested training config, validated up front.
 
-Every field is also an absl flag of the same name (:mod:`orthojax.train.flags`),
-so a validation error names the flag to fix: ``--lr=-0.1: must be > 0``.
-Validation that needs the runtime (device and process counts, data files) is
-done by :func:`Config.validate` with those passed in, before anything is
+The sections go straight to constructors, with their keywords unchanged:
+
+* ``model``: a :mod:`orthojax.train.registry` section — ``{"name": "ResNet", "depth": 50,
+  "norm": "bn"}`` is ``oj.models.ResNet(depth=50, norm="bn", …)``; the trainer supplies the
+  data's input/output sizes, ``dtype`` and ``rngs``.
+* ``data``: ``{"name": "mnist", "view": "row", "data_dir": …}`` — a dataset of
+  :mod:`orthojax.train.data` and its options.
+* ``optimizer``: ``{"name": "radam", "learning_rate": 1e-3, "manifold": {"name": "Stiefel",
+  "retraction": "cayley"}}``; on a model with manifold parameters it updates those, and
+  ``euclidean_optimizer`` (same form) updates the rest.
+* ``penalty``: the keywords of :func:`orthojax.optim.add_orthogonality_penalty`
+  (``{"kind": "so", "strength": 1e-4}``), or None.
+* ``mesh``: the keywords of :func:`orthojax.train.mesh.make_mesh`; ``checkpoint``: those of
+  :class:`orthojax.train.checkpoint.Checkpointer`.
+
+Everything else is the trainer's own (length, loss, schedule, loop). The experiments
+build a Config from an ``ml_collections.ConfigDict`` (``--config=…py`` and
+``--config.a.b=value`` overrides): :meth:`Config.from_dict`. Errors name the config key
+(``config.mesh.data=3: …``). Validation that needs the runtime (device and process
+counts, data files) is :meth:`Config.validate` with those passed in, before anything is
 built or loaded.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
-from typing import Any
+from typing import Any, Mapping
 
-from orthojax import penalties
 from orthojax.train.losses import LOSSES
+from orthojax.train.schedules import SCHEDULES
 
-MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "vgg6", "mlp", "deep_mlp",
-          "deep_linear", "rnn")
-OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw", "rsgd", "radam", "cayley_sgd",
-              "cayley_adam", "landing", "muon")
-MANIFOLD_OPTIMIZERS = ("rsgd", "radam", "cayley_sgd", "cayley_adam", "landing")
-EUCLIDEAN_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
-SCHEDULES = ("constant", "cosine", "warmup_cosine", "step", "plateau")
-PENALTIES = ("none", *penalties.PENALTIES)   # "none", or a kind of orthojax.penalties
 DTYPES = ("float32", "bfloat16")
 NAN_POLICIES = ("stop", "skip")
 EVAL_SPLITS = ("eval", "train", "validation", "test")
 
 
 class ConfigError(ValueError):
-  """A bad flag value; the message is one line naming the flag."""
+  """A bad config value; the message is one line naming the config key."""
 
 
-# Fields a resumed run may change: where and how often it logs, evaluates and
-# saves, the devices and mesh it runs on, how it guards against non-finite
-# steps, micro-batching (the same update up to rounding), and how far it
-# trains when the schedule does not depend on the total length. Every other
-# field changes the run's mathematics and is refused on resume.
-RESUMABLE_FIELDS = ("workdir", "data_dir", "log_every", "eval_every", "checkpoint_every",
-                    "keep_checkpoints", "spectrum_every", "final_eval_splits", "eval_batch_size",
-                    "mesh_data", "mesh_fsdp", "mesh_model", "num_slices", "nan_policy",
-                    "max_skipped_fraction", "grad_accum_steps")
-LENGTH_FIELDS = ("num_steps", "num_epochs")   # resumable with a constant or plateau schedule
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """The keywords of :func:`orthojax.train.mesh.make_mesh`: axis sizes (−1 fills) and slices."""
+
+  data: int = -1
+  fsdp: int = 1
+  model: int = 1
+  num_slices: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  """The keywords of :class:`orthojax.train.checkpoint.Checkpointer`: save every N steps
+  (0: only at the end and at preemption), keep the newest ``keep``."""
+
+  every_steps: int = 0
+  keep: int = 3
+
+
+# Keys a resumed run may change: where and how often it logs, evaluates and saves, the
+# devices and mesh it runs on, how it guards against non-finite steps, micro-batching
+# (the same update up to rounding), and how far it trains when the schedule does not
+# depend on the total length. Every other key changes the run's mathematics and is
+# refused on resume.
+RESUMABLE_KEYS = ("workdir", "data.data_dir", "log_every", "eval_every", "checkpoint.every_steps",
+                  "checkpoint.keep", "spectrum_every", "final_eval_splits", "eval_batch_size",
+                  "mesh.data", "mesh.fsdp", "mesh.model", "mesh.num_slices", "nan_policy",
+                  "max_skipped_fraction", "grad_accum_steps")
+LENGTH_KEYS = ("num_steps", "num_epochs")   # resumable with a constant or plateau schedule
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  """``{"a": {"b": 1}}`` → ``{"a.b": 1}`` (sections of sections too)."""
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, Mapping):
+      out.update(flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
 
 
 def resume_differences(saved: dict[str, Any], config: "Config") -> list[str]:
-  """``--flag=value (checkpoint: value)`` for each field that may not change on resume.
+  """``config.key=value (checkpoint: value)`` for each key that may not change on resume.
 
-  Fields the checkpoint does not record (written by an older orthojax) are not compared.
+  Keys the checkpoint does not record (written by an older orthojax) are not compared.
   """
-  import json  # pylint: disable=g-import-not-at-top
-  now = json.loads(json.dumps(dataclasses.asdict(config)))   # tuples as the saved lists
-  allowed = set(RESUMABLE_FIELDS)
+  now, then = flatten(config.to_dict()), flatten(saved)
+  allowed = set(RESUMABLE_KEYS)
   if config.schedule in ("constant", "plateau"):
-    allowed |= set(LENGTH_FIELDS)
-  return [f"--{k}={now[k]} (checkpoint: {saved[k]})" for k in now
-          if k in saved and k not in allowed and saved[k] != now[k]]
+    allowed |= set(LENGTH_KEYS)
+  if not isinstance(saved.get("model"), Mapping):
+    return []   # a flat config of orthojax < 0.2: not comparable, not compared
+  keys = sorted(set(now) | set(then))
+  return [f"config.{k}={now.get(k)!r} (checkpoint: {then.get(k)!r})" for k in keys
+          if k not in allowed and now.get(k) != then.get(k)]
+
+
+def _section(value: Any, key: str) -> dict[str, Any] | None:
+  if value is None:
+    return None
+  if hasattr(value, "to_dict"):
+    value = value.to_dict()
+  if not isinstance(value, Mapping):
+    raise ConfigError(f"config.{key}={value!r}: a section (a dict of keywords) expected")
+  return json.loads(json.dumps(dict(value), default=list))   # tuples as lists, detached
+
+
+def _dataclass_section(cls, value: Any, key: str):
+  if isinstance(value, cls):
+    return value
+  value = _section(value, key) or {}
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(value) - names)
+  if unknown:
+    raise ConfigError(f"config.{key}.{unknown[0]}: unknown; the keys are {', '.join(names)}")
+  return cls(**value)
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """All knobs of a training run. Field = flag name; see ``flags.py`` for help texts."""
+  """All knobs of a training run (module docstring). Build with keywords, nested sections
+  as dicts: ``Config(model={"name": "MLP", "hidden": 32}, batch_size=64, num_steps=100)``."""
 
   # Experiment / output.
   workdir: str = ""
   seed: int = 0
-  # Model.
-  model: str = "mlp"
-  variant: str = "sp"
-  depth: int = 0
-  width: int = 0
-  activation: str = ""
-  init: str = ""
-  q_star: float = 0.0
-  weights: str = "euclidean"
-  gain: float = 1.0
-  # Data.
-  dataset: str = "digits"
-  data_dir: str = ""
-  dataset_options: tuple[tuple[str, Any], ...] = ()
+  # Model and data (registry sections).
+  model: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"name": "MLP"})
+  data: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"name": "digits"})
   batch_size: int = 128
   eval_batch_size: int = 0
   # Length.
@@ -89,11 +141,9 @@ class Config:
   loss: str = "cross_entropy"
   label_smoothing: float = 0.0
   # Optimization.
-  optimizer: str = "adam"
-  euclidean_optimizer: str = "adam"
-  lr: float = 1e-3
-  euclidean_lr: float = 0.0
-  momentum: float = 0.9
+  optimizer: Mapping[str, Any] = dataclasses.field(
+      default_factory=lambda: {"name": "adam", "learning_rate": 1e-3})
+  euclidean_optimizer: Mapping[str, Any] | None = None
   weight_decay: float = 0.0
   grad_clip_norm: float = 0.0
   grad_accum_steps: int = 1
@@ -105,152 +155,216 @@ class Config:
   plateau_factor: float = 0.1
   early_stopping_patience: int = 0
   restore_best: bool = False
-  penalty: str = "none"
-  penalty_strength: float = 0.0
-  penalty_gain: float = 1.0
+  penalty: Mapping[str, Any] | None = None
   # Numerics.
   compute_dtype: str = "float32"
   nan_policy: str = "stop"
   max_skipped_fraction: float = 0.5
-  # Mesh.
-  mesh_data: int = -1
-  mesh_fsdp: int = 1
-  mesh_model: int = 1
-  num_slices: int = 1
+  # Devices and checkpoints.
+  mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+  checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
   # Loop.
   log_every: int = 50
   eval_every: int = 0
-  checkpoint_every: int = 0
-  keep_checkpoints: int = 3
   spectrum_every: int = 0
   final_eval_splits: tuple[str, ...] = ()
 
+  def __post_init__(self):
+    set_ = lambda k, v: object.__setattr__(self, k, v)
+    for key in ("model", "data", "optimizer"):
+      set_(key, _section(getattr(self, key), key))
+    for key in ("euclidean_optimizer", "penalty"):
+      set_(key, _section(getattr(self, key), key))
+    set_("mesh", _dataclass_section(MeshConfig, self.mesh, "mesh"))
+    set_("checkpoint", _dataclass_section(CheckpointConfig, self.checkpoint, "checkpoint"))
+    set_("decay_boundaries", tuple(self.decay_boundaries))
+    set_("final_eval_splits", tuple(self.final_eval_splits))
+
+  @classmethod
+  def from_dict(cls, tree: Any) -> "Config":
+    """A Config from a (nested) dict or ``ml_collections.ConfigDict``; unknown keys are a
+    ConfigError naming them."""
+    tree = dict(tree.to_dict() if hasattr(tree, "to_dict") else tree)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(tree) - names)
+    if unknown:
+      raise ConfigError(f"config.{unknown[0]}: unknown key; the trainer's keys are "
+                        f"{', '.join(sorted(names))}")
+    try:
+      return cls(**tree)
+    except TypeError as e:
+      raise ConfigError(f"config: {e}") from None
+
+  def to_dict(self) -> dict[str, Any]:
+    """Plain JSON-able dict (tuples as lists) — the form ``config.json`` records."""
+    return json.loads(json.dumps(dataclasses.asdict(self), default=list))
+
   def replace(self, **changes: Any) -> "Config":
-    return dataclasses.replace(self, **changes)
+    """A copy with ``changes``; a dict given for a section is merged into it
+    (``replace(model={"depth": 18})`` keeps the model's other keywords; ``None`` clears an
+    optional section)."""
+    merged = {}
+    for key, value in changes.items():
+      old = getattr(self, key)
+      if isinstance(value, Mapping) and key in ("model", "data", "optimizer") or (
+          isinstance(value, Mapping) and key in ("euclidean_optimizer", "penalty") and old):
+        value = {**old, **value}
+      elif isinstance(value, Mapping) and key in ("mesh", "checkpoint"):
+        value = {**dataclasses.asdict(old), **value}
+      merged[key] = value
+    return dataclasses.replace(self, **merged)
+
+  @property
+  def data_dir(self) -> str | None:
+    """``data.data_dir`` (None: tfds's default)."""
+    return self.data.get("data_dir") or None
 
   @property
   def options(self) -> dict[str, Any]:
-    return dict(self.dataset_options)
+    """The dataset's options: ``data`` without ``name`` and ``data_dir``."""
+    return {k: v for k, v in self.data.items() if k not in ("name", "data_dir")}
+
+  @property
+  def learning_rate(self) -> float:
+    """``optimizer.learning_rate`` (the peak of the schedule)."""
+    return self.optimizer.get("learning_rate", 0.0)
 
   def validate(self, *, num_devices: int | None = None, num_processes: int = 1) -> "Config":
-    """Check every field; raise :class:`ConfigError` naming the first bad flag."""
-    _choice("model", self.model, MODELS)
-    _choice("optimizer", self.optimizer, OPTIMIZERS)
-    _choice("euclidean_optimizer", self.euclidean_optimizer, EUCLIDEAN_OPTIMIZERS)
+    """Check every key; raise :class:`ConfigError` naming the first bad one."""
+    _check_sections(self)
     _choice("schedule", self.schedule, SCHEDULES)
     _choice("loss", self.loss, LOSSES)
-    _choice("penalty", self.penalty, PENALTIES)
     _choice("compute_dtype", self.compute_dtype, DTYPES)
     _choice("nan_policy", self.nan_policy, NAN_POLICIES)
-    _choice("weights", self.weights, ("euclidean", "stiefel", "oblique"))
-    _positive("lr", self.lr)
-    _nonnegative("euclidean_lr", self.euclidean_lr)
     _positive("batch_size", self.batch_size)
     _nonnegative("eval_batch_size", self.eval_batch_size)
     _positive("grad_accum_steps", self.grad_accum_steps)
-    _positive("keep_checkpoints", self.keep_checkpoints)
+    _positive("checkpoint.keep", self.checkpoint.keep)
+    _nonnegative("checkpoint.every_steps", self.checkpoint.every_steps)
     _positive("log_every", self.log_every)
-    _positive("num_slices", self.num_slices)
-    for name in ("num_steps", "warmup_steps", "eval_every", "checkpoint_every", "spectrum_every",
-                 "early_stopping_patience", "depth", "width", "plateau_patience"):
-      _nonnegative(name, getattr(self, name))
-    for name in ("num_epochs", "weight_decay", "grad_clip_norm", "penalty_strength", "q_star"):
+    _positive("mesh.num_slices", self.mesh.num_slices)
+    for name in ("num_steps", "warmup_steps", "eval_every", "spectrum_every",
+                 "early_stopping_patience", "plateau_patience", "num_epochs", "weight_decay",
+                 "grad_clip_norm"):
       _nonnegative(name, getattr(self, name))
     if not 0.0 <= self.max_skipped_fraction <= 1.0:
-      raise ConfigError(f"--max_skipped_fraction={self.max_skipped_fraction}: must be in [0, 1]")
-    if not 0.0 <= self.momentum < 1.0:
-      raise ConfigError(f"--momentum={self.momentum}: must be in [0, 1)")
+      raise ConfigError(f"config.max_skipped_fraction={self.max_skipped_fraction}: must be in "
+                        f"[0, 1]")
     if not 0.0 <= self.label_smoothing < 1.0:
-      raise ConfigError(f"--label_smoothing={self.label_smoothing}: must be in [0, 1)")
+      raise ConfigError(f"config.label_smoothing={self.label_smoothing}: must be in [0, 1)")
     if self.label_smoothing and self.loss != "cross_entropy":
-      raise ConfigError(f"--label_smoothing={self.label_smoothing}: only with "
-                        f"--loss=cross_entropy, not {self.loss}")
+      raise ConfigError(f"config.label_smoothing={self.label_smoothing}: only with "
+                        f"config.loss='cross_entropy', not {self.loss!r}")
     if not 0.0 < self.decay_factor <= 1.0:
-      raise ConfigError(f"--decay_factor={self.decay_factor}: must be in (0, 1]")
+      raise ConfigError(f"config.decay_factor={self.decay_factor}: must be in (0, 1]")
     if not 0.0 < self.plateau_factor <= 1.0:
-      raise ConfigError(f"--plateau_factor={self.plateau_factor}: must be in (0, 1]")
-    _positive("penalty_gain", self.penalty_gain)
-    _positive("gain", self.gain)
+      raise ConfigError(f"config.plateau_factor={self.plateau_factor}: must be in (0, 1]")
     if (self.num_steps > 0) == (self.num_epochs > 0):
-      raise ConfigError("--num_steps / --num_epochs: give exactly one of them (> 0)")
+      raise ConfigError("config.num_steps / config.num_epochs: give exactly one of them (> 0)")
     if self.schedule == "step" and not self.decay_boundaries:
-      raise ConfigError("--decay_boundaries: --schedule=step needs fractions of training, "
-                        "e.g. --decay_boundaries=0.5,0.75")
+      raise ConfigError("config.decay_boundaries: config.schedule='step' needs fractions of "
+                        "training, e.g. (0.5, 0.75)")
     if any(not 0.0 < b < 1.0 for b in self.decay_boundaries):
-      raise ConfigError(f"--decay_boundaries={list(self.decay_boundaries)}: fractions in (0, 1)")
+      raise ConfigError(f"config.decay_boundaries={list(self.decay_boundaries)}: fractions in "
+                        f"(0, 1)")
     if self.schedule == "warmup_cosine" and self.warmup_steps == 0:
-      raise ConfigError("--warmup_steps: --schedule=warmup_cosine needs --warmup_steps > 0")
+      raise ConfigError("config.warmup_steps: config.schedule='warmup_cosine' needs "
+                        "warmup_steps > 0")
     if self.schedule == "plateau" and self.eval_every == 0:
-      raise ConfigError("--eval_every: --schedule=plateau reduces on the eval metric; "
-                        "set --eval_every > 0")
+      raise ConfigError("config.eval_every: config.schedule='plateau' reduces on the eval "
+                        "metric; set eval_every > 0")
     if self.early_stopping_patience and self.eval_every == 0:
-      raise ConfigError("--eval_every: --early_stopping_patience needs --eval_every > 0")
+      raise ConfigError("config.eval_every: early_stopping_patience needs eval_every > 0")
     if self.restore_best and self.eval_every == 0:
-      raise ConfigError("--eval_every: --restore_best keeps the best evaluated state; "
-                        "set --eval_every > 0")
+      raise ConfigError("config.eval_every: restore_best keeps the best evaluated state; "
+                        "set eval_every > 0")
     for split in self.final_eval_splits:
       if split not in EVAL_SPLITS:
-        raise ConfigError(f"--final_eval_splits={','.join(self.final_eval_splits)}: unknown "
+        raise ConfigError(f"config.final_eval_splits={list(self.final_eval_splits)}: unknown "
                           f"split {split!r}; choose from {', '.join(EVAL_SPLITS)}")
-    if self.optimizer in MANIFOLD_OPTIMIZERS and self.weights == "euclidean":
-      raise ConfigError(f"--optimizer={self.optimizer}: a manifold optimizer needs manifold "
-                        f"weights (--weights=stiefel or oblique)")
-    if self.weights != "euclidean" and self.optimizer not in MANIFOLD_OPTIMIZERS:
-      raise ConfigError(f"--weights={self.weights}: choose a manifold --optimizer from "
-                        f"{MANIFOLD_OPTIMIZERS}, not {self.optimizer}")
-    if self.penalty != "none" and self.penalty_strength == 0:
-      raise ConfigError(f"--penalty_strength: --penalty={self.penalty} needs a strength > 0")
-    if self.checkpoint_every and not self.workdir:
-      raise ConfigError("--workdir: --checkpoint_every needs a --workdir to write to")
+    if self.checkpoint.every_steps and not self.workdir:
+      raise ConfigError("config.workdir: checkpoint.every_steps needs a workdir to write to")
     if self.batch_size % num_processes:
-      raise ConfigError(f"--batch_size={self.batch_size}: not divisible by the "
+      raise ConfigError(f"config.batch_size={self.batch_size}: not divisible by the "
                         f"{num_processes} processes")
     if num_devices is not None:
       _check_mesh(self, num_devices)
       ways = _batch_ways(self, num_devices)
       if self.batch_size % ways:
-        raise ConfigError(f"--batch_size={self.batch_size}: not divisible by the {ways} "
+        raise ConfigError(f"config.batch_size={self.batch_size}: not divisible by the {ways} "
                           f"data-parallel devices")
       if self.batch_size % (ways * self.grad_accum_steps):
-        raise ConfigError(f"--grad_accum_steps={self.grad_accum_steps}: --batch_size="
+        raise ConfigError(f"config.grad_accum_steps={self.grad_accum_steps}: batch_size="
                           f"{self.batch_size} must split into that many micro-batches of "
                           f"a multiple of {ways} devices")
     return self
 
 
+# What the trainer supplies to each section's constructor (orthojax.train.model_zoo,
+# orthojax.train.optimizers), so the up-front check does not ask the config for them.
+_MODEL_SUPPLIED = ("rngs", "dtype", "in_features", "out_features", "num_classes", "input_size")
+_OPTIMIZER_SUPPLIED = ("views", "mask", "manifold")
+
+
+def _check_sections(config: Config) -> None:
+  """Names, keywords and required keywords of the registry sections, nothing built."""
+  from orthojax.train import registry  # pylint: disable=g-import-not-at-top  (imports Config)
+  model_supplied = registry.Supplied(dict.fromkeys(_MODEL_SUPPLIED), owned=("rngs",))
+  registry.build("model", config.model, "config.model", model_supplied, check_only=True)
+  opt_supplied = registry.Supplied(dict.fromkeys(_OPTIMIZER_SUPPLIED))
+  for key in ("optimizer", "euclidean_optimizer"):
+    if getattr(config, key) is not None:
+      registry.build("optimizer", getattr(config, key), f"config.{key}", opt_supplied,
+                     check_only=True)
+  if config.penalty is not None:
+    registry.build("penalty", config.penalty, "config.penalty",
+                   registry.Supplied({"mask": None, "views": None}), check_only=True)
+  if "name" not in config.data:
+    raise ConfigError("config.data.name: missing; a dataset of orthojax.train.data")
+  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
+  name = config.data["name"]
+  if name not in data_lib.DATASETS:
+    raise ConfigError(f"config.data.name={name!r}: unknown; choose one of "
+                      f"{', '.join(data_lib.DATASETS)}")
+  try:
+    data_lib.check_options(name, config.options)
+  except ValueError as e:
+    raise ConfigError(f"config.data: {e}") from None
+
+
 def _check_mesh(config: Config, num_devices: int) -> None:
-  sizes = {"mesh_data": config.mesh_data, "mesh_fsdp": config.mesh_fsdp,
-           "mesh_model": config.mesh_model}
+  sizes = {"mesh.data": config.mesh.data, "mesh.fsdp": config.mesh.fsdp,
+           "mesh.model": config.mesh.model}
   for name, size in sizes.items():
     if size == 0 or size < -1:
-      raise ConfigError(f"--{name}={size}: must be a positive integer or -1 (fill)")
-  flags_text = " ".join(f"--{k}={v}" for k, v in sizes.items())
+      raise ConfigError(f"config.{name}={size}: must be a positive integer or -1 (fill)")
+  text = " ".join(f"config.{k}={v}" for k, v in sizes.items())
   if list(sizes.values()).count(-1) > 1:
-    raise ConfigError(f"{flags_text}: only one axis may be -1 (fill)")
+    raise ConfigError(f"{text}: only one axis may be -1 (fill)")
   known = math.prod(v for v in sizes.values() if v != -1)
   fills = -1 in sizes.values()
   if (fills and num_devices % known) or (not fills and known != num_devices):
-    raise ConfigError(f"{flags_text}: a mesh of {known}{' x n' if fills else ''} devices "
+    raise ConfigError(f"{text}: a mesh of {known}{' x n' if fills else ''} devices "
                       f"cannot hold the {num_devices} devices; the axis sizes must multiply to "
                       f"{num_devices} (or set one to -1 to fill)")
 
 
 def _batch_ways(config: Config, num_devices: int) -> int:
-  if config.mesh_data == -1 or config.mesh_fsdp == -1:
-    return num_devices // max(config.mesh_model, 1)
-  return config.mesh_data * config.mesh_fsdp
+  if config.mesh.data == -1 or config.mesh.fsdp == -1:
+    return num_devices // max(config.mesh.model, 1)
+  return config.mesh.data * config.mesh.fsdp
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
   if value not in choices:
-    raise ConfigError(f"--{name}={value}: unknown; choose one of {', '.join(choices)}")
+    raise ConfigError(f"config.{name}={value!r}: unknown; choose one of {', '.join(choices)}")
 
 
 def _positive(name: str, value: float) -> None:
   if not value > 0:
-    raise ConfigError(f"--{name}={value}: must be > 0")
+    raise ConfigError(f"config.{name}={value}: must be > 0")
 
 
 def _nonnegative(name: str, value: float) -> None:
   if not value >= 0:
-    raise ConfigError(f"--{name}={value}: must be >= 0")
+    raise ConfigError(f"config.{name}={value}: must be >= 0")

@@ -74,7 +74,7 @@ def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1,
   sizes = {"data": data, "fsdp": fsdp, "model": model}
   for name, size in sizes.items():
     if not isinstance(size, (int, np.integer)) or size == 0 or size < -1:
-      raise ValueError(f"mesh: --mesh_{name}={size} must be a positive integer or -1 (fill)")
+      raise ValueError(f"mesh: config.mesh.{name}={size} must be a positive integer or -1 (fill)")
   fill = [name for name, size in sizes.items() if size == -1]
   if len(fill) > 1:
     raise ValueError(f"mesh: only one axis may be -1 (fill), got {fill}")
@@ -100,16 +100,16 @@ def _hybrid_devices(shape: tuple[int, ...], num_slices: int,
                     devices: Sequence[jax.Device]) -> np.ndarray:
   """Devices laid out for a hybrid mesh: ``data`` across slices, the rest within one."""
   if num_slices < 1:
-    raise ValueError(f"mesh: --num_slices={num_slices} must be >= 1")
+    raise ValueError(f"mesh: config.mesh.num_slices={num_slices} must be >= 1")
   slices = {getattr(d, "slice_index", None) for d in devices}
   if None in slices or len(slices) != num_slices:
     found = "no slice index" if None in slices else f"{len(slices)} slice(s)"
-    raise ValueError(f"mesh: --num_slices={num_slices} but the {len(devices)} devices have "
-                     f"{found}; multi-slice needs TPU slices (or --compile_for=TOPOLOGY "
-                     f"--num_slices={num_slices})")
+    raise ValueError(f"mesh: config.mesh.num_slices={num_slices} but the {len(devices)} "
+                     f"devices have {found}; multi-slice needs TPU slices (or "
+                     f"--compile_for=TOPOLOGY with config.mesh.num_slices={num_slices})")
   if shape[0] % num_slices:
-    raise ValueError(f"mesh: --mesh_data={shape[0]} is not divisible by --num_slices="
-                     f"{num_slices}: data parallelism spans the slices, fsdp and model stay "
+    raise ValueError(f"mesh: config.mesh.data={shape[0]} is not divisible by "
+                     f"config.mesh.num_slices={num_slices}: data parallelism spans the slices, fsdp and model stay "
                      f"inside one ({len(devices) // num_slices} devices)")
   ici = (shape[0] // num_slices,) + shape[1:]
   dcn = (num_slices,) + (1,) * (len(shape) - 1)
@@ -130,7 +130,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def check_global_batch(global_batch: int, mesh: Mesh, flag: str = "--batch_size", *,
+def check_global_batch(global_batch: int, mesh: Mesh, flag: str = "config.batch_size", *,
                        num_processes: int | None = None) -> int:
   """Validate a global batch against devices and processes; returns the per-process batch.
 

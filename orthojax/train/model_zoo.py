@@ -1,7 +1,10 @@
-"""Build the model a :class:`Config` names, shaped for the dataset it trains on.
+"""Build the model ``config.model`` names, shaped for the dataset it trains on.
 
-The one place that maps flags (``--model``, ``--variant``, ``--depth``, …) to
-:mod:`orthojax.models` constructors; models themselves know nothing of flags.
+``config.model`` is a registry section (:mod:`orthojax.train.registry`): its ``name`` is a
+constructor of :mod:`orthojax.models` (or ``Sequential`` of layer sections) and its other
+keys are that constructor's keywords, unchanged. This module supplies what the data
+decides — input and output sizes, ``dtype``, ``rngs`` — and flattens images for the
+fully connected models.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orthojax import models
+from orthojax.train import registry
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
 
@@ -53,64 +56,49 @@ def _outputs(info: Any) -> int:
 
 
 def compute_dtype(config: Config) -> Any:
-  """The jnp dtype of ``--compute_dtype``."""
+  """The jnp dtype of ``config.compute_dtype``."""
   return jnp.bfloat16 if config.compute_dtype == "bfloat16" else jnp.float32
 
 
-def build(config: Config, info: Any, rngs: nnx.Rngs) -> nnx.Module:
-  """The model for ``config`` on a dataset described by ``info`` (a ``DatasetInfo``).
+FLAT_INPUT_MODELS = ("MLP", "DeepMLP", "DeepLinear")
+"""Fully connected models: images reach them flattened (:class:`Flatten`)."""
 
-  With ``--compute_dtype=bfloat16`` every layer is built with
+
+def build(config: Config, info: Any, rngs: nnx.Rngs) -> nnx.Module:
+  """The model of ``config.model`` on a dataset described by ``info`` (a ``DatasetInfo``).
+
+  With ``config.compute_dtype='bfloat16'`` every layer is built with
   ``dtype=bfloat16``. Casting the parameters and inputs (as the train step
   also does) is not enough on its own: a normalisation layer left at
   ``dtype=None`` promotes its output with its float32 batch statistics, so
   every layer after the first BatchNorm would silently run in float32.
+
+  Raises:
+    ConfigError: one line naming the ``config.model`` key.
   """
-  name, variant = config.model, config.variant
-  dtype = None if config.compute_dtype == "float32" else compute_dtype(config)
+  section = dict(config.model)
+  name = section["name"]
   out = _outputs(info)
-  features = math.prod(info.input_shape)
-  if name.startswith("resnet"):
-    variant = variant if variant != "sp" else "bn"
-    if variant not in models.ResNet.NORMS:
-      raise ConfigError(f"--variant={variant}: ResNet norms are {', '.join(models.ResNet.NORMS)}")
-    return models.ResNet(depth=int(name[len("resnet"):]), norm=variant, num_classes=out,
-                         dtype=dtype, rngs=rngs)
-  if name == "vgg6":
-    return models.VGG6(variant=variant, num_classes=out, dtype=dtype, rngs=rngs)
-  if name == "mlp":
-    return Flatten(models.MLP(features, hidden=config.width or 100, out_features=out,
-                              variant=variant, activation=config.activation or "relu",
-                              dtype=dtype, rngs=rngs))
-  if name == "deep_mlp":
-    if not config.depth or not config.width:
-      raise ConfigError("--depth/--width: --model=deep_mlp needs both (e.g. 200 and 400)")
-    mlp = models.DeepMLP(
-        features, depth=config.depth, width=config.width, out_features=out,
-        activation=config.activation or "tanh", q_star=config.q_star or None,
-        init=config.init or "gaussian", weights=config.weights, dtype=dtype,
-        rngs=rngs)
-    scale = (critical_input_scale(config.q_star, mlp.sigma_w, mlp.sigma_b) if config.q_star
-             else 1.0)
-    return Flatten(mlp, scale)
-  if name == "deep_linear":
-    if not config.depth or not config.width:
-      raise ConfigError("--depth/--width: --model=deep_linear needs both")
-    return Flatten(models.DeepLinear(depth=config.depth, width=config.width,
-                                     in_features=features, out_features=out,
-                                     init=config.init or "gaussian", scale=config.gain,
-                                     dtype=dtype, rngs=rngs))
-  if name == "rnn":
+  supplied = {"rngs": rngs, "num_classes": out, "out_features": out,
+              "dtype": None if config.compute_dtype == "float32" else compute_dtype(config)}
+  if name in FLAT_INPUT_MODELS:
+    supplied["in_features"] = math.prod(info.input_shape)
+  elif name == "SequenceRNN":
     if len(info.input_shape) != 2:
-      raise ConfigError(f"--model=rnn needs sequence inputs (time, features), the dataset "
-                        f"gives {info.input_shape}; e.g. --dataset=mnist "
-                        f"--dataset_options=view=row")
-    recurrent_init = variant if variant != "sp" else "glorot"
-    return models.SequenceRNN(info.input_shape[-1], hidden=config.width or 64, num_classes=out,
-                              recurrent_init=recurrent_init, gain=config.gain,
-                              recurrent="stiefel" if config.weights == "stiefel" else "euclidean",
-                              dtype=dtype, rngs=rngs)
-  raise ConfigError(f"--model={name}: unknown")
+      raise ConfigError(f"config.model.name='SequenceRNN' needs sequence inputs (time, "
+                        f"features); the dataset gives {info.input_shape}: e.g. "
+                        f"config.data={{'name': 'mnist', 'view': 'row'}}")
+    supplied["input_size"] = info.input_shape[-1]
+  elif name != "Sequential":
+    supplied["in_features"] = info.input_shape[-1]    # image channels
+  model = registry.build("model", section, "config.model",
+                         registry.Supplied(supplied, owned=("rngs",)))
+  if name not in FLAT_INPUT_MODELS:
+    return model
+  scale = 1.0
+  if name == "DeepMLP" and section.get("q_star"):
+    scale = critical_input_scale(section["q_star"], model.sigma_w, model.sigma_b)
+  return Flatten(model, scale)
 
 
 def penalty_mask(config: Config, model: nnx.Module, params: Any) -> Any:
@@ -120,7 +108,7 @@ def penalty_mask(config: Config, model: nnx.Module, params: Any) -> Any:
   every matrix-view leaf (rank ≥ 2) except GmP angles ``theta``, which are
   coordinates, not a matrix.
   """
-  if config.model == "rnn":
+  if config.model["name"] == "SequenceRNN":
     return jax.tree_util.tree_map_with_path(
         lambda path, _: "recurrent_kernel" in jax.tree_util.keystr(path), params)
   return jax.tree_util.tree_map_with_path(

@@ -145,11 +145,11 @@ def build_program(config: Config, info: DatasetInfo, *,
   if num_processes is None:
     num_processes = len({d.process_index for d in devices})
   config.validate(num_devices=len(devices), num_processes=num_processes)
-  mesh = mesh_lib.make_mesh(config.mesh_data, config.mesh_fsdp, config.mesh_model, devices,
-                            num_slices=config.num_slices)
+  mesh = mesh_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.model, devices,
+                            num_slices=config.mesh.num_slices)
   mesh_lib.check_global_batch(config.batch_size, mesh, num_processes=num_processes)
   eval_batch = config.eval_batch_size or config.batch_size
-  mesh_lib.check_global_batch(eval_batch, mesh, "--eval_batch_size", num_processes=num_processes)
+  mesh_lib.check_global_batch(eval_batch, mesh, "config.eval_batch_size", num_processes=num_processes)
   steps_per_epoch = max(info.num_train // config.batch_size, 1)
   total_steps = config.num_steps or int(math.ceil(config.num_epochs * steps_per_epoch))
 
@@ -166,7 +166,9 @@ def build_program(config: Config, info: DatasetInfo, *,
 
   # ------------------------------------------------------------ Optimizer --
   if optimizer is None:
-    labels = _pure(oj.nn.manifold_labels(abs_params)) if config.weights != "euclidean" else None
+    labels = _pure(oj.nn.manifold_labels(abs_params))
+    if all(label == "euclidean" for label in jax.tree.leaves(labels)):
+      labels = None
     tx = optimizers.build(config, total_steps=total_steps, labels=labels,
                           views=_pure(oj.nn.matrix_views(abs_params)),
                           penalty_mask=model_zoo.penalty_mask(config, abstract, pure_params))

@@ -193,7 +193,7 @@ def resolve_name(kind: str, section: Mapping[str, Any], key: str) -> tuple[str, 
 
 
 def build(kind: str, section: Mapping[str, Any], key: str | None = None,
-          supplied: Supplied = Supplied()) -> Any:
+          supplied: Supplied = Supplied(), *, check_only: bool = False) -> Any:
   """Build the object a section describes (see the module docstring).
 
   Args:
@@ -201,6 +201,8 @@ def build(kind: str, section: Mapping[str, Any], key: str | None = None,
     section: ``name`` + the constructor's keyword arguments (nested sections allowed).
     key: the section's path for error messages (default ``config.<kind>``).
     supplied: what the trainer provides (see :class:`Supplied`).
+    check_only: check names, keywords and required keywords (nested sections too)
+      and return None without constructing anything — the config's up-front check.
 
   Raises:
     ConfigError: one line naming the config key.
@@ -209,7 +211,7 @@ def build(kind: str, section: Mapping[str, Any], key: str | None = None,
   section = _plain(section)
   name, fn = resolve_name(kind, section, key)
   if fn is nnx.Sequential:
-    return _sequential(section, key, supplied)
+    return _sequential(section, key, supplied, check_only)
   accepted = keywords(fn)
   kwargs = {}
   for k, value in section.items():
@@ -221,23 +223,25 @@ def build(kind: str, section: Mapping[str, Any], key: str | None = None,
     if k not in accepted and not _takes_any_keyword(fn):
       raise ConfigError(f"{key}.{k}: {name} takes no keyword {k!r}; its keywords are "
                         f"{', '.join(n for n in accepted if n not in supplied.owned)}")
-    kwargs[k] = _nested(k, value, f"{key}.{k}", supplied)
+    kwargs[k] = _nested(k, value, f"{key}.{k}", check_only)
   for k, value in supplied.values.items():
     if k not in kwargs and k in accepted:
       kwargs[k] = value
   missing = [n for n, p in accepted.items() if p.default is p.empty and n not in kwargs]
   if missing:
     raise ConfigError(f"{key}.{missing[0]}: {name} needs it (no default)")
+  if check_only and kind in ("model", "layers"):
+    return None   # arrays: built by the trainer; everything else is cheap to build and check
   try:
     return fn(**kwargs)
   except (ValueError, TypeError) as e:
     raise ConfigError(_blame(key, section, e)) from e
 
 
-def _nested(k: str, value: Any, key: str, supplied: Supplied) -> Any:
+def _nested(k: str, value: Any, key: str, check_only: bool) -> Any:
   """A keyword's value: a nested section is built from the registry its keyword names."""
   if k in REGISTRIES and _is_section(value):
-    return build(k, value, key, Supplied())
+    return build(k, value, key, Supplied(), check_only=check_only)
   if isinstance(value, Mapping) and not hasattr(value, "to_dict"):
     return value
   if hasattr(value, "to_dict"):
@@ -245,7 +249,8 @@ def _nested(k: str, value: Any, key: str, supplied: Supplied) -> Any:
   return value
 
 
-def _sequential(section: dict[str, Any], key: str, supplied: Supplied) -> nnx.Module:
+def _sequential(section: dict[str, Any], key: str, supplied: Supplied,
+                check_only: bool = False) -> nnx.Module | None:
   """``{"name": "Sequential", "layers": [section, …]}``: layers and activations in order."""
   extra = sorted(set(section) - {"name", "layers"})
   if extra:
@@ -270,8 +275,8 @@ def _sequential(section: dict[str, Any], key: str, supplied: Supplied) -> nnx.Mo
       continue
     layer_supplied = Supplied({k: v for k, v in supplied.values.items() if k in ("rngs", "dtype")},
                               owned=("rngs",))
-    built.append(build("layers", layer, layer_key, layer_supplied))
-  return nnx.Sequential(*built)
+    built.append(build("layers", layer, layer_key, layer_supplied, check_only=check_only))
+  return None if check_only else nnx.Sequential(*built)
 
 
 def describe(kind: str) -> str:

@@ -27,7 +27,7 @@ Two entry points share everything after the model and the data:
 
     result = fit(model_fn, optimizer, batches, Config(batch_size=64, num_steps=1000,
                                                       workdir="runs/mine",
-                                                      checkpoint_every=100))
+                                                      checkpoint={"every_steps": 100}))
 
 both with the same mesh, sharding rules, jitted step, Orbax checkpoints with exact
 resume, non-finite guard, metrics and hooks (and
@@ -79,7 +79,7 @@ MIN_STEPS_FOR_SKIPPED_FRACTION = 20
 
 
 class NonFiniteLossError(FloatingPointError):
-  """Training produced a non-finite loss or gradient (``--nan_policy=stop``)."""
+  """Training produced a non-finite loss or gradient (``config.nan_policy="stop"``)."""
 
 
 @dataclasses.dataclass
@@ -90,12 +90,12 @@ class TrainResult:
     final_step: steps taken (less than planned after early stopping or preemption).
     train_metrics: the last logged train metrics (means over its logging interval).
     eval_metrics: the final evaluation on the eval split — of the best state
-      with ``--restore_best``, else of the last one.
+      with ``config.restore_best``, else of the last one.
     best_eval: ``{metric: best value, "step": …, "stopped_early": …}`` or None.
     preempted: stopped by SIGTERM (rerun to resume).
     state: the last train state.
-    best_state: the state of the best evaluation (``--restore_best``), else None.
-    split_metrics: ``{split: metrics}`` for each of ``--final_eval_splits``,
+    best_state: the state of the best evaluation (``config.restore_best``), else None.
+    split_metrics: ``{split: metrics}`` for each of ``config.final_eval_splits``,
       of the same state as ``eval_metrics``.
   """
 
@@ -168,22 +168,22 @@ def train(config: Config, *, hooks: tuple[Hook, ...] = (),
   Args:
     config: the run's (validated here) config.
     hooks: callables ``hook(step, params) -> dict`` called every
-      ``--spectrum_every`` steps; their scalars go to the metrics log
+      ``config.spectrum_every`` steps; their scalars go to the metrics log
       (e.g. ``oj.analysis`` spectrum tracking).
     devices: the devices to build the mesh over (default: all).
     print_fn: console output.
 
   Raises:
-    NonFiniteLossError: a non-finite loss with ``--nan_policy=stop``; the
+    NonFiniteLossError: a non-finite loss with ``config.nan_policy="stop"``; the
       message has the step, and no checkpoint is written after it.
   """
   devices = list(jax.devices() if devices is None else devices)
   config.validate(num_devices=len(devices), num_processes=jax.process_count())
   with WorkdirLock(config.workdir, print_fn):   # before anything is read or written
-    info = data_lib.dataset_info(config.dataset, data_dir=config.data_dir or None,
+    info = data_lib.dataset_info(config.data["name"], data_dir=config.data_dir,
                                  **config.options)
     program = build_program(config, info, devices=devices, num_processes=jax.process_count())
-    source = inputs.RegisteredInput(config.dataset, config.options, config.data_dir or None)
+    source = inputs.RegisteredInput(config.data["name"], config.options, config.data_dir)
     return Loop(compile_program(program), source, hooks, print_fn).run()
 
 
@@ -273,16 +273,16 @@ class Loop:
     self.checkpointer = None
     if config.workdir:
       self.checkpointer = ckpt_lib.Checkpointer(
-          os.path.join(config.workdir, "checkpoints"), every_steps=config.checkpoint_every,
-          keep=config.keep_checkpoints)
+          os.path.join(config.workdir, "checkpoints"), every_steps=config.checkpoint.every_steps,
+          keep=config.checkpoint.keep)
     self.loop = LoopState()
-    self.best_state: TrainState | None = None   # --restore_best: a copy at the best eval
+    self.best_state: TrainState | None = None   # config.restore_best: a copy at the best eval
     self.state = self._init_or_restore()
     self.interval = metrics_lib.IntervalMean()   # train metrics since the last log
     self.interval.load_state_dict(self.loop.interval)
     if config.workdir and jax.process_index() == 0:   # the run's flags, beside its results
       path = epath.Path(config.workdir) / "config.json"
-      path.write_text(json.dumps(dataclasses.asdict(config), indent=1))
+      path.write_text(json.dumps(config.to_dict(), indent=1))
     self.step = int(jax.device_get(self.state.step))
     self.saved_step = self.step if self.restored else None
 
@@ -295,16 +295,16 @@ class Loop:
         latest = self.checkpointer.latest_intact_step(self.print)
       except ValueError as e:
         self.checkpointer.close()
-        raise ConfigError(f"--workdir={self.config.workdir}: {e}") from None
+        raise ConfigError(f"config.workdir={self.config.workdir!r}: {e}") from None
     self.restored = latest is not None
     if latest is None:
       return self.program.init()
     changed = resume_differences(self.checkpointer.meta(latest).get("config", {}), self.config)
     if changed:
       self.checkpointer.close()
-      raise ConfigError(f"--workdir={self.config.workdir}: its checkpoint (step {latest}) is of "
-                        f"another run: {', '.join(changed)}; resume with the run's own flags or "
-                        f"use a new --workdir")
+      raise ConfigError(f"config.workdir={self.config.workdir!r}: its checkpoint (step "
+                        f"{latest}) is of another run: {', '.join(changed)}; resume with the "
+                        f"run's own config or use a new workdir")
     state, meta = self.checkpointer.restore(latest, self.program.abstract_state())
     self.best_state = meta.pop("best_state", None)
     self.loop = LoopState.from_meta(meta)
@@ -343,7 +343,7 @@ class Loop:
           or skipped <= config.max_skipped_fraction * self.step):
         return
       reason = (f"{skipped} of {self.step} updates were skipped as non-finite, more than "
-                f"--max_skipped_fraction={config.max_skipped_fraction:g}")
+                f"config.max_skipped_fraction={config.max_skipped_fraction:g}")
     last = None
     if self.checkpointer:
       self.checkpointer.wait()
@@ -359,7 +359,7 @@ class Loop:
     if self.saved_step == self.step:
       return
     self.loop.interval = self.interval.state_dict()
-    meta = {**dataclasses.asdict(self.loop), "config": dataclasses.asdict(self.config)}
+    meta = {**dataclasses.asdict(self.loop), "config": self.config.to_dict()}
     self.checkpointer.save(self.step, self.state, meta,
                            best=self.best_state if self.config.restore_best else None)
     self.saved_step = self.step

@@ -61,6 +61,7 @@ from __future__ import annotations
 from orthojax.train.data._info import DatasetInfo
 from orthojax.train.data._info import DatasetNotFoundError
 from orthojax.train.data._registry import DATASETS
+from orthojax.train.data._registry import check_options
 from orthojax.train.data._registry import dataset_info
 from orthojax.train.data._registry import default_options
 from orthojax.train.data._registry import eval_batches
@@ -68,6 +69,7 @@ from orthojax.train.data._registry import train_batches
 
 __all__ = [
     "DATASETS",
+    "check_options",
     "DatasetInfo",
     "DatasetNotFoundError",
     "dataset_info",

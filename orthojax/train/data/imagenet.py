@@ -81,8 +81,8 @@ def manual_download_message(root: str) -> str:
       f"  3. Run: {_tfds.build_command('imagenet2012', root)}\n"
       f"     (with the .tar files elsewhere add --manual_dir=/path/to/tars; the build takes "
       f"hours and ~150 GB more disk).\n"
-      f"  4. Train with --data_dir={root}.\n"
-      f"For a smoke test without ImageNet use --dataset=fake (or tfds.testing.mock_data "
+      f"  4. Train with config.data.data_dir={root}.\n"
+      f"For a smoke test without ImageNet use config.data.name="fake" (or tfds.testing.mock_data "
       f"in tests).")
 
 

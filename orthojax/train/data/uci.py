@@ -175,7 +175,7 @@ def _missing(name: str, spec: UciSpec, data_dir: str | None, why: str) -> Datase
   where = f" or download {spec.url} and convert it" if spec.url else ""
   return DatasetNotFoundError(
       f"uci/{name}: {why}. Provide the data as csv_path=/path/to/{name}.csv "
-      f"(--dataset_options=csv_path=...), or save it as {cache_path(name, data_dir)}{where}. "
+      f"(config.data.csv_path=...), or save it as {cache_path(name, data_dir)}{where}. "
       f"Expected about {spec.rows} rows of {spec.features} feature columns then the target: "
       f"{spec.layout}; comma/semicolon/whitespace separated, optional header line.")
 

@@ -1,0 +1,1 @@
+"""The experiments' training configs (``--config=experiments/configs/<file>.py[:arg]``)."""

@@ -1,0 +1,66 @@
+"""What every config file builds on: the trainer's keys and constructor sections.
+
+:func:`trainer` is a ConfigDict with every key of :class:`orthojax.train.Config` at its
+default (``workdir`` comes from ``--workdir``), so ``--config.<key>=value`` can override
+any of them. :func:`section` is a registry section with *every* keyword its constructor
+takes, at the constructor's default unless given — so ``--config.optimizer.b2=0.99`` or
+``--config.optimizer.manifold.retraction=cayley`` works for any optimizer, manifold or
+model a file names. Keywords the trainer supplies (``rngs``, ``dtype``, the data's input
+and output sizes, ``views``, ``mask``) are left out, as are those whose default is a
+function (``kernel_init``: name one in the file, e.g. ``{"name": "orthogonal"}``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import ml_collections
+from ml_collections import config_dict
+
+from orthojax.train import Config
+from orthojax.train import registry
+
+SUPPLIED = ("rngs", "dtype", "param_dtype", "in_features", "out_features", "num_classes",
+            "input_size", "views", "mask", "kernel_metadata", "bias_metadata")
+_PLACEHOLDERS = (("int", int), ("float", float), ("str", str), ("bool", bool))
+
+
+def trainer(**keys: Any) -> ml_collections.ConfigDict:
+  """Every trainer key at its default, then ``keys``."""
+  tree = Config().to_dict()
+  del tree["workdir"]
+  for key in ("euclidean_optimizer", "penalty"):   # optional sections: absent until set
+    tree[key] = None
+  tree.update(keys)
+  config = ml_collections.ConfigDict(tree)
+  return config
+
+
+def _default(param: inspect.Parameter) -> Any:
+  """The keyword's default as a config value, or ``...`` to leave the keyword out."""
+  default = param.default
+  if default is None:
+    for word, type_ in _PLACEHOLDERS:
+      if word in str(param.annotation).replace("None", ""):
+        return config_dict.placeholder(type_)
+    return ...
+  if isinstance(default, (bool, int, float, str)):
+    return default
+  if isinstance(default, tuple) and all(isinstance(v, (int, float, str)) for v in default):
+    return default
+  return ...
+
+
+def section(kind: str, name: str, **keywords: Any) -> dict[str, Any]:
+  """``{"name": name, <every keyword at its default>, **keywords}`` for registry ``kind``."""
+  _, fn = registry.resolve_name(kind, {"name": name}, f"config.{kind}")
+  out: dict[str, Any] = {"name": name}
+  for key, param in registry.keywords(fn).items():
+    if key in SUPPLIED or key in keywords:
+      continue
+    value = _default(param)
+    if value is not ...:
+      out[key] = value
+  out.update(keywords)
+  return out
