@@ -1,7 +1,7 @@
 """Pod scale without a pod: the flagship jobs compiled for TPU topologies with libtpu.
 
-Each case builds a paper flagfile's exact train and eval steps with the
-trainer's own code and compiles them for a TPU topology
+Each case builds a paper flagfile's exact train and eval steps (its config file and
+``--config.`` overrides, :func:`flagfile_config`) with the trainer's own code and compiles them for a TPU topology
 (:func:`orthojax.train.aot.compile_for`): per-chip HBM against the chip's,
 FLOPs per example against an analytic count, collectives, the roofline bound.
 Cases (``quick``: the four overhead cases; a ResNet-50 compile takes 2–5
@@ -27,6 +27,7 @@ gmp_imn / bn ≤ 1.05 in FLOPs and bytes; 4-way fsdp argument bytes ≤ 0.3 × d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -35,6 +36,7 @@ from typing import Any, Callable
 import jax
 from absl import flags
 from flax import nnx
+from ml_collections import config_flags
 
 import orthojax as oj
 from benchmarks._harness import Row
@@ -42,25 +44,64 @@ from benchmarks._harness import Target
 from benchmarks._harness import row
 from orthojax.train import aot
 from orthojax.train import data as data_lib
-from orthojax.train import flags as train_flags
 from orthojax.train import model_zoo
 from orthojax.train import optimizers
+from orthojax.train.config import Config
 
 SUITE = "scale"
-FLAGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "flags"
+REPO = pathlib.Path(__file__).resolve().parents[1]
+FLAGS_DIR = REPO / "experiments" / "flags"
 WITHIN_5 = Target("<=", 0.05)
 REPORTS: dict[str, aot.CompileReport] = {}   # name -> report, for docs/scale.md
 ANALYTIC: dict[str, float] = {}               # name -> analytic train FLOPs per example
 
 
-def flagfile_config(name: str, *overrides: str):
-  """The training config of an experiment flagfile (its experiment-only flags left out)."""
+def _is_config_arg(arg: str) -> bool:
+  return arg.startswith(("--config=", "--config.", "--noconfig."))
+
+
+def _from_repo(arg: str) -> str:
+  """``--config=FILE[:ARG]`` with a relative FILE taken from the repository root."""
+  path, sep, rest = arg[len("--config="):].partition(":")
+  if not pathlib.Path(path).is_absolute():
+    path = str(REPO / path)
+  return f"--config={path}{sep}{rest}"
+
+
+def flagfile_config(name: str, *overrides: str) -> Config:
+  """The training config of an experiment flagfile, as the experiment builds it: the
+  flagfile's ``--config=FILE[:ARG]`` line and ``--config.key=value`` lines, then
+  ``--config.checkpoint.every_steps=0`` and ``overrides`` (``--config.key=value``), read by
+  ml_collections' ``config_flags``; the experiment's own flags (``--q_stars``, …) are left
+  out. Validated for no particular devices (the topology's are checked by the compile)."""
   fv = flags.FlagValues()
-  train_flags.define_flags(fv)
   lines = fv.read_flags_from_files([f"--flagfile={FLAGS_DIR / name}"], force_gnu=False)
-  known = [a for a in lines if a.lstrip("-").split("=")[0].removeprefix("no") in fv]
-  fv([SUITE, *known, "--checkpoint_every=0", *overrides])
-  return train_flags.config_from_flags(fv)
+  args = [a for a in lines if _is_config_arg(a)]
+  if not any(a.startswith("--config=") for a in args):
+    raise ValueError(f"{FLAGS_DIR / name}: no --config=FILE[:ARG] line")
+  bad = [a for a in overrides if not a.startswith(("--config.", "--noconfig."))]
+  if bad:
+    raise ValueError(f"flagfile_config({name!r}): {bad[0]}: overrides are --config.key=value")
+  argv = [SUITE, *(_from_repo(a) if a.startswith("--config=") else a for a in args),
+          "--config.checkpoint.every_steps=0", *overrides]
+  config_flags.DEFINE_config_file("config", None, "the training config", flag_values=fv,
+                                  lock_config=True, sys_argv=argv)
+  fv(argv)
+  return Config.from_dict({**fv.config.to_dict(), "workdir": ""}).validate()
+
+
+def e5_config(weights: str, optimizer: str, *overrides: str) -> Config:
+  """E5's network (``critical_tanh.flags``) with ``model.weights`` = ``weights``, as its
+  experiment sets it per run, trained by ``optimizer`` at the flagfile's learning rate:
+  a Euclidean network by ``optimizer`` alone; a manifold network's manifold weights by
+  ``optimizer`` and the rest by Adam (E5's Euclidean optimizer) at the same rate."""
+  config = flagfile_config("critical_tanh.flags", *overrides)
+  lr = config.learning_rate
+  euclidean = None if weights == "euclidean" else {"name": "adam", "learning_rate": lr}
+  config = dataclasses.replace(config.replace(model={"weights": weights}),
+                               optimizer={"name": optimizer, "learning_rate": lr},
+                               euclidean_optimizer=euclidean)
+  return config.validate()
 
 
 def _conv_kernels(params):
@@ -114,10 +155,10 @@ def _jaxpr_flops(jaxpr, times: int = 1) -> float:
 def _first_layer_flops(config, info) -> float:
   """The forward FLOPs of the first layer: its input gradient is never computed."""
   features = math.prod(info.input_shape)
-  if config.model.startswith("resnet"):   # the 7x7/2 stem: 64 kernels over 112² outputs
+  if config.model["name"] == "ResNet":   # the 7x7/2 stem: 64 kernels over 112² outputs
     side = info.input_shape[0] // 2
     return 2.0 * side * side * 7 * 7 * info.input_shape[-1] * 64
-  return 2.0 * features * (config.width or 100)
+  return 2.0 * features * (config.model.get("width") or 100)
 
 
 def analytic_train_flops(config, info) -> float:
@@ -125,13 +166,13 @@ def analytic_train_flops(config, info) -> float:
 
 
 def _cases(quick: bool):
-  e1 = lambda norm, *o: flagfile_config(f"e1_resnet50_{norm}.flags", "--compute_dtype=bfloat16",
-                                        "--checkpoint_every=0", *o)
-  e5 = lambda *o: flagfile_config("critical_tanh.flags", "--compute_dtype=bfloat16", *o)
+  e1 = lambda norm, *o: flagfile_config(f"e1_resnet50_{norm}.flags",
+                                        "--config.compute_dtype=bfloat16", *o)
+  e5 = lambda weights, optimizer: e5_config(weights, optimizer, "--config.compute_dtype=bfloat16")
   # The overhead targets, at 256 images per chip (the per-chip batch TPU recipes
   # use; global 4096 on 16 chips): the optimizer's work per chip does not shrink
   # with the batch, the network's does.
-  big = ("--batch_size=4096", "--lr=1.6")
+  big = ("--config.batch_size=4096", "--config.optimizer.learning_rate=1.6")
   yield "E1 bn v5e:4x4 b4096", e1("bn", *big), "v5e:4x4", {}
   yield "E1 bn muon convs v5e:4x4 b4096", e1("bn", *big), "v5e:4x4", {"optimizer": "muon"}
   yield "E1 gmp_imn v5e:4x4 b4096", e1("gmp_imn", *big), "v5e:4x4", {}
@@ -145,11 +186,12 @@ def _cases(quick: bool):
   yield "E1 gmp_imn v5e:4x4", e1("gmp_imn"), "v5e:4x4", {}
   yield "E1 wn_mbn v5e:4x4", e1("wn_mbn"), "v5e:4x4", {}
   # E5's batch of 1000 and E2's eval batch of 1000 split over 8 chips, not 16.
-  yield "E5 euclidean v5e:2x4", e5("--weights=euclidean", "--optimizer=sgd"), "v5e:2x4", {}
-  yield "E5 stiefel radam v5e:2x4", e5("--weights=stiefel", "--optimizer=radam"), "v5e:2x4", {}
-  yield "E2 vgg6 v5e:2x4", flagfile_config("e2_vgg6.flags", "--compute_dtype=bfloat16"), \
+  yield "E5 euclidean v5e:2x4", e5("euclidean", "sgd"), "v5e:2x4", {}
+  yield "E5 stiefel radam v5e:2x4", e5("stiefel", "radam"), "v5e:2x4", {}
+  yield "E2 vgg6 v5e:2x4", flagfile_config("e2_vgg6.flags", "--config.compute_dtype=bfloat16"), \
       "v5e:2x4", {}
-  yield "E1 bn fsdp v5e:4x4", e1("bn", "--mesh_data=1", "--mesh_fsdp=-1"), "v5e:4x4", {}
+  yield "E1 bn fsdp v5e:4x4", e1("bn", "--config.mesh.data=1", "--config.mesh.fsdp=-1"), \
+      "v5e:4x4", {}
   yield "E1 bn 2 slices v5e:4x4", e1("bn"), "v5e:4x4", {"num_slices": 2}
   for topo in ("v5e:8x8", "v4:2x2x4"):
     for norm in ("bn", "gmp_imn", "wn_mbn"):
@@ -157,7 +199,7 @@ def _cases(quick: bool):
   if _cuda_plugin():   # the gpu-compile extra: deviceless H100 compiles
     yield "E1 bn h100:1x1x8", e1("bn"), "h100:1x1x8", {}
     yield "E1 gmp_imn h100:1x1x8", e1("gmp_imn"), "h100:1x1x8", {}
-    yield "E5 euclidean h100:1x1x8", e5("--weights=euclidean", "--optimizer=sgd"), "h100:1x1x8", {}
+    yield "E5 euclidean h100:1x1x8", e5("euclidean", "sgd"), "h100:1x1x8", {}
 
 
 def _cuda_plugin() -> bool:
@@ -183,15 +225,17 @@ def run(quick: bool = False, on_report: Callable[[str, aot.CompileReport], None]
     REPORTS[name] = report
     if on_report:
       on_report(name, report)
-    info = data_lib.dataset_info(config.dataset, published=True, **config.options)
+    info = data_lib.dataset_info(config.data["name"], published=True, **config.options)
     gib = max(report.train.memory["total"], report.eval.memory["total"]) / 2 ** 30
     rows.append(row(SUITE, f"{name}: HBM per chip / capacity", gib / (report.chip.hbm_bytes / 2 ** 30),
                     "x", Target("<=", 1.0), note=f"{gib:.2f} GiB, batch {report.global_batch}"))
     rows.append(row(SUITE, f"{name}: GFLOP per example", report.flops_per_example / 1e9, "GFLOP",
                     note=f"roofline ≤ {report.examples_per_sec_per_chip_bound:.0f} ex/s/chip "
                          f"({report.bound_by}); compile {report.compile_seconds:.0f} s"))
-    if "optimizer" not in how and (config.model.startswith("resnet") or
-                                   config.weights == "euclidean"):
+    # ResNets, and models without manifold weights (a model with no `weights` keyword,
+    # VGG-6, counts as Euclidean, as before the nested config).
+    if "optimizer" not in how and (config.model["name"] == "ResNet" or
+                                   config.model.get("weights", "euclidean") == "euclidean"):
       analytic = ANALYTIC[name] = analytic_train_flops(config, info)
       rows.append(row(SUITE, f"{name}: |FLOPs / analytic − 1|",
                       abs(report.flops_per_example / analytic - 1), "", WITHIN_5,

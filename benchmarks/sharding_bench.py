@@ -28,8 +28,7 @@ from benchmarks._harness import Row
 from benchmarks._harness import row
 
 SUITE = "sharding"
-_MESHES = {"1 device": dict(mesh_data=1), "data=8": dict(mesh_data=8),
-           "fsdp=8": dict(mesh_data=1, mesh_fsdp=8)}
+_MESHES = {"1 device": {"data": 1}, "data=8": {"data": 8}, "fsdp=8": {"data": 1, "fsdp": 8}}
 
 
 def _child(num_steps: int) -> dict[str, float]:
@@ -39,16 +38,18 @@ def _child(num_steps: int) -> dict[str, float]:
   from orthojax.train import trainer  # pylint: disable=g-import-not-at-top
   from orthojax.train.config import Config  # pylint: disable=g-import-not-at-top
 
-  base = Config(model="deep_mlp", depth=16, width=512, dataset="fake", batch_size=256,
-                num_steps=num_steps, optimizer="momentum", lr=0.01, log_every=2,
-                dataset_options=(("height", 32), ("width", 32), ("num_classes", 10),
-                                 ("num_train", 256 * num_steps), ("num_eval", 256)))
+  base = Config(model={"name": "DeepMLP", "depth": 16, "width": 512, "activation": "tanh",
+                       "init": "gaussian"},
+                data={"name": "fake", "height": 32, "width": 32, "num_classes": 10,
+                      "num_train": 256 * num_steps, "num_eval": 256},
+                batch_size=256, num_steps=num_steps,
+                optimizer={"name": "sgd", "learning_rate": 0.01, "momentum": 0.9}, log_every=2)
   out = {}
   with tempfile.TemporaryDirectory() as tmp:
     for name, mesh in _MESHES.items():
       workdir = os.path.join(tmp, name.replace(" ", "_").replace("=", ""))
       devices = jax.devices()[:1] if name == "1 device" else jax.devices()[:8]
-      trainer.train(base.replace(workdir=workdir, **mesh), devices=devices,
+      trainer.train(base.replace(workdir=workdir, mesh=mesh), devices=devices,
                     print_fn=lambda *a, **k: None)
       rates = [r["steps_per_sec"] for r in metrics.read_jsonl(f"{workdir}/metrics.jsonl")
                if r["split"] == "train" and "steps_per_sec" in r]

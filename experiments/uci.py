@@ -3,14 +3,18 @@ r"""E3 — UCI regression with a one-hidden-layer MLP (GmP paper, Table 3).
     python -m experiments.uci --flagfile=experiments/flags/uci.flags --workdir=runs/uci
     python -m experiments.uci --flagfile=experiments/flags/uci_boston.flags --workdir=runs/boston
 
+The training recipe is ``experiments/configs/uci.py`` (``--config``; override any key
+with ``--config.key=value``); ``--uci_datasets``, ``--variants``, ``--num_splits``,
+``--protocol``, ``--gmp_lr`` and ``--skip_missing`` are E3's own flags.
+
 One hidden layer of 100 ReLU units, variants SP (standard), WN (weight
 normalisation), BN (batch norm) and GmP (geometric parameterization), each
 trained on ``--num_splits`` random 80/20 splits with full-batch Adam
-(lr 0.01, GmP 0.1 — ``--gmp_lr``), MAE loss, inputs and targets standardised
-on the training split, at most 5000 epochs, the learning rate ×0.1 after 50
-epochs without improvement and early stopping after 100 (restoring the best
-weights) — the recipe of the paper's released code. The table reports test
-RMSE in the target's original units, mean ± std over splits, beside the
+(lr 0.01 — ``config.optimizer.learning_rate``, GmP 0.1 — ``--gmp_lr``), MAE loss,
+inputs and targets standardised on the training split, at most 5000 epochs, the
+learning rate ×0.1 after 50 epochs without improvement and early stopping after 100
+(restoring the best weights) — the recipe of the paper's released code. The table
+reports test RMSE in the target's original units, mean ± std over splits, beside the
 paper's.
 
 Protocols (``--protocol``):
@@ -24,7 +28,7 @@ Protocols (``--protocol``):
 
 Data: Boston ships with mlxtend and runs offline; the other five sets are
 downloaded from the UCI archive when online, or read from
-``--dataset_options=csv_path=…`` / ``<data_dir>/uci/<name>.csv``
+``--config.data.csv_path=…`` / ``<config.data.data_dir>/uci/<name>.csv``
 (:mod:`orthojax.train.data.uci`). A set that cannot be had is reported as
 missing (with what to do), not silently dropped, unless
 ``--skip_missing=false`` makes it an error.
@@ -42,6 +46,7 @@ from absl import flags
 from experiments import _harness
 from orthojax import models
 from orthojax.train import data as data_lib
+from orthojax.train.config import ConfigError
 
 DATASETS = ("boston", "concrete", "energy", "power", "wine", "yacht")
 VARIANTS = models.MLP.VARIANTS   # GmP Table 3 columns, in its order
@@ -55,16 +60,39 @@ PAPER = {
     "yacht": (0.639, 0.624, 0.777, 0.584),
 }
 
-_harness.define_flags()
+_harness.define_flags("uci.py")
 _DATASETS = flags.DEFINE_list("uci_datasets", list(DATASETS), f"UCI sets: {', '.join(DATASETS)}.")
 _SPLITS = flags.DEFINE_integer("num_splits", 10, "Random 80/20 splits per set (1..10).")
 PROTOCOLS = ("honest", "released")
 _PROTOCOL = flags.DEFINE_string("protocol", "honest",
                                 "honest: model selection on a validation split; released: on "
                                 "the test split, as the released code does (leaks).")
-_GMP_LR = flags.DEFINE_float("gmp_lr", 0.1, "Learning rate of the GmP variant (--lr for the rest).")
+_GMP_LR = flags.DEFINE_float("gmp_lr", 0.1, "Learning rate of the GmP variant "
+                             "(config.optimizer.learning_rate for the rest).")
 _SKIP_MISSING = flags.DEFINE_bool("skip_missing", True,
                                   "Report a set whose data is missing instead of failing.")
+
+
+def check_base(base, gmp_lr: float) -> None:
+  """What E3 needs of the config and ``--gmp_lr``; a :class:`ConfigError` naming the key."""
+  name = base.model["name"]
+  if name != "MLP":
+    raise ConfigError(f"config.model.name={name!r}: E3 trains the one-hidden-layer MLP "
+                      f"('MLP')")
+  if "variant" in base.model:
+    raise ConfigError(f"config.model.variant={base.model['variant']!r}: E3 sets it per run "
+                      f"(--variants); remove it")
+  if not base.data["name"].startswith("uci/"):
+    raise ConfigError(f"config.data.name={base.data['name']!r}: E3 trains on the UCI sets "
+                      f"(--uci_datasets picks them)")
+  for key in ("split_index", "validation_fraction"):
+    if key in base.data:
+      raise ConfigError(f"config.data.{key}={base.data[key]!r}: E3 sets it per run "
+                        f"(--num_splits, --protocol); remove it")
+  if not base.learning_rate > 0:
+    raise ConfigError(f"config.optimizer.learning_rate={base.learning_rate}: must be > 0")
+  if not gmp_lr > 0:
+    raise ConfigError(f"--gmp_lr={gmp_lr}: must be > 0")
 
 
 def runs(base, datasets, variants, num_splits, protocol, gmp_lr):
@@ -77,17 +105,17 @@ def runs(base, datasets, variants, num_splits, protocol, gmp_lr):
     for split in range(num_splits):
       options = dict(base.options, split_index=split, validation_fraction=validation)
       try:
-        info = data_lib.dataset_info(f"uci/{dataset}", data_dir=base.data_dir or None, **options)
+        info = data_lib.dataset_info(f"uci/{dataset}", data_dir=base.data_dir, **options)
       except data_lib.DatasetNotFoundError as e:
         missing[dataset] = str(e)
         break
       target_std[(dataset, split)] = info.target_std
       for variant in variants:
         config = base.replace(
-            model="mlp", variant=variant, dataset=f"uci/{dataset}",
-            dataset_options=tuple(sorted(options.items())), batch_size=info.num_train,
-            eval_batch_size=0, lr=gmp_lr if variant == "gmp" else base.lr, mesh_data=1,
-            mesh_fsdp=1, mesh_model=1, final_eval_splits=("test",))
+            model={"variant": variant}, data={"name": f"uci/{dataset}", **options},
+            batch_size=info.num_train, eval_batch_size=0,
+            optimizer={"learning_rate": gmp_lr if variant == "gmp" else base.learning_rate},
+            mesh={"data": 1, "fsdp": 1, "model": 1}, final_eval_splits=("test",))
         out.append(_harness.Run(tags=(("dataset", dataset), ("variant", variant),
                                       ("split", split)),
                                 config=config, devices=jax.devices()[:1]))
@@ -117,10 +145,12 @@ def main(argv):
     _harness.fail(f"--protocol={_PROTOCOL.value}: unknown; choose one of {', '.join(PROTOCOLS)}")
   if not 1 <= _SPLITS.value <= 10:
     _harness.fail(f"--num_splits={_SPLITS.value}: must be in 1..10")
+  _harness.fail_on_config_error(lambda: check_base(base, _GMP_LR.value))
   if not base.workdir:
     _harness.fail("--workdir: the experiment writes its runs and report there")
   start = time.perf_counter()
-  plan, missing, target_std = runs(base, datasets, variants, _SPLITS.value, _PROTOCOL.value, _GMP_LR.value)
+  plan, missing, target_std = runs(base, datasets, variants, _SPLITS.value, _PROTOCOL.value,
+                                    _GMP_LR.value)
   if missing and not _SKIP_MISSING.value:
     _harness.fail(" | ".join(missing.values()))
   if _harness.compile_only():
@@ -139,7 +169,8 @@ def main(argv):
   notes = [f"protocol: {_PROTOCOL.value}"
            + ("" if _PROTOCOL.value == "honest" else
               " — early stopping and lr plateaus watch the test split (leaks; as released)"),
-           f"max {base.num_steps} full-batch epochs, Adam lr {base.lr} (GmP {_GMP_LR.value}), "
+           f"max {base.num_steps} full-batch epochs, {base.optimizer['name']} lr "
+           f"{base.learning_rate} (GmP {_GMP_LR.value}), "
            f"{base.loss} loss, plateau ×{base.plateau_factor} after {base.plateau_patience}, "
            f"early stopping after {base.early_stopping_patience}, restore best: "
            f"{base.restore_best}",

@@ -18,9 +18,11 @@ Protocol (paper Appendix C.2; SPEC E2): VGG-6 (:class:`orthojax.models.VGG6`:
 six 3×3 convs 128-128-256-256-512-512 with 2×2 max-pools, global average
 pooling, a dense classifier) under SP, WN, WN+MBN, BN, GmP and GmP+IMN; SGD
 with momentum 0.9; lr 0.1 for GmP and GmP+IMN (``--vgg_gmp_lr``), 0.01 for
-the others (``--lr``), the same at every batch size (the paper does not scale
-it); lr ×0.1 after 5 epochs without a better top-1, stop after 10 or at 90
-epochs. ``--eval_every`` and ``--checkpoint_every`` are replaced per run by
+the others (``config.optimizer.learning_rate``), the same at every batch size
+(the paper does not scale it); lr ×0.1 after 5 epochs without a better top-1,
+stop after 10 or at 90 epochs (``experiments/configs/e2_vgg6.py``).
+``config.model.variant`` and ``config.batch_size`` are replaced per run by the
+grid's, and ``config.eval_every`` and ``config.checkpoint.every_steps`` by
 one epoch at the run's batch size (``num_train // batch`` steps), so the
 patiences count epochs. Data: tfds ``imagenet_resized/32x32`` (ImageNet32,
 Chrabaszcz et al. 2017: 1,281,167 train / 50,000 validation images, 1000
@@ -34,13 +36,13 @@ BN 42.79/41.90/41.39, GmP 40.76/41.65/41.29, GmP+IMN 43.14/43.62/42.70
 batch size is one of Table 2's; other batch sizes (smoke runs) get none, and
 the notes list the variant's Table 2 row.
 
-How ours differs: no weight decay by default (``--weight_decay``; Chrabaszcz
+How ours differs: no weight decay by default (``config.weight_decay``; Chrabaszcz
 et al. use 5e-4 for their WRNs — the paper does not say for VGG-6); Glorot-uniform kernels and BN/MBN/IMN momentum 0.99,
 ε = 1e-3 as the released Keras code (:mod:`orthojax.models._vgg`); the released
 GmP+IMN code also centres the last conv's output before the classifier, which
 only shifts the classifier's bias.
 
-``vgg6_smoke.flags`` runs two variants for a few steps at batch 8 on random
+``vgg6_smoke.flags`` (``e2_vgg6.py:smoke``) runs two variants for a few steps at batch 8 on random
 32×32 ``fake`` images (CPU, well under a minute; numbers meaningless).
 """
 
@@ -70,13 +72,14 @@ _TOP5 = {"sp": (62.48, 60.71, 58.14), "wn": (63.28, 61.93, 60.16),
 PAPER: dict[str, dict[int, tuple[float, float]]] = {
     v: {b: (_TOP1[v][i], _TOP5[v][i]) for i, b in enumerate(BATCH_SIZES)} for v in VARIANTS}
 
-_harness.define_flags()
+_harness.define_flags("e2_vgg6.py")
 _VARIANTS = flags.DEFINE_list("vgg_variants", list(VARIANTS),
                               f"VGG-6 variants: {', '.join(VARIANTS)}.")
 _BATCHES = flags.DEFINE_list("vgg_batch_sizes", [str(b) for b in BATCH_SIZES],
                              "Global batch sizes (Table 2: 256, 512, 1024).")
 _GMP_LR = flags.DEFINE_float("vgg_gmp_lr", 0.1,
-                             "Learning rate of gmp and gmp_imn (--lr for the others).")
+                             "Learning rate of gmp and gmp_imn (the others: "
+                             "config.optimizer.learning_rate).")
 
 
 def _batch_sizes(values: list[str]) -> list[int]:
@@ -95,9 +98,10 @@ def plan_runs(base, variants, batch_sizes, gmp_lr, num_train):
   for batch in batch_sizes:
     for variant in variants:
       per_epoch = max(num_train // batch, 1)
-      config = base.replace(model="vgg6", variant=variant, batch_size=batch,
-                            lr=gmp_lr if variant in GMP_VARIANTS else base.lr,
-                            eval_every=per_epoch, checkpoint_every=per_epoch)
+      lr = gmp_lr if variant in GMP_VARIANTS else base.learning_rate
+      config = base.replace(model={"variant": variant}, batch_size=batch,
+                            optimizer={"learning_rate": lr}, eval_every=per_epoch,
+                            checkpoint={"every_steps": per_epoch})
       runs.append(_harness.Run(tags=(("variant", variant), ("batch", batch)), config=config))
   return runs
 
@@ -127,8 +131,8 @@ def main(argv):
     return variants, batches
 
   variants, batches = _harness.fail_on_config_error(parse)
-  if base.model != "vgg6":
-    _harness.fail(f"--model={base.model}: E2 trains vgg6")
+  if base.model["name"] != "VGG6":
+    _harness.fail(f"config.model.name={base.model['name']!r}: E2 trains VGG6")
   if not base.workdir:
     _harness.fail("--workdir: the experiment writes its runs and report there")
   info = e1.check_data(base)
@@ -139,8 +143,9 @@ def main(argv):
   _harness.fail_on_config_error(lambda: [r.config.validate(
       num_devices=jax.device_count(), num_processes=jax.process_count()) for r in plan])
   start = time.perf_counter()
-  print(f"E2 VGG-6 on {base.dataset}: {len(plan)} runs ({', '.join(variants)} × batch "
-        f"{', '.join(map(str, batches))}), lr {base.lr:g} (GmP {_GMP_LR.value:g})", flush=True)
+  print(f"E2 VGG-6 on {base.data['name']}: {len(plan)} runs ({', '.join(variants)} × batch "
+        f"{', '.join(map(str, batches))}), lr {base.learning_rate:g} (GmP {_GMP_LR.value:g})",
+        flush=True)
   records = []
   for run in plan:
     run_dir = os.path.join(base.workdir, "runs", run.name)
@@ -151,8 +156,9 @@ def main(argv):
     records.append(record)
   rows = rows_from(records)
   notes = [
-      f"{base.dataset}: {info.num_train} train / {info.num_eval} eval images; "
-      f"{base.optimizer} (momentum {base.momentum}), lr {base.lr:g} (GmP, GmP+IMN "
+      f"{base.data['name']}: {info.num_train} train / {info.num_eval} eval images; "
+      f"{base.optimizer['name']} (momentum {base.optimizer.get('momentum')}), lr "
+      f"{base.learning_rate:g} (GmP, GmP+IMN "
       f"{_GMP_LR.value:g}), schedule {base.schedule} (patience {base.plateau_patience} epochs, "
       f"×{base.plateau_factor}), early stopping after {base.early_stopping_patience} epochs, "
       f"at most {base.num_epochs or base.num_steps} {'epochs' if base.num_epochs else 'steps'}, "

@@ -89,7 +89,7 @@ def resume_differences(saved: dict[str, Any], config: "Config") -> list[str]:
 
   Keys the checkpoint does not record (written by an older orthojax) are not compared.
   """
-  now, then = flatten(config.to_dict()), flatten(saved)
+  now, then = flatten(_with_defaults(config.to_dict())), flatten(_with_defaults(saved))
   allowed = set(RESUMABLE_KEYS)
   if config.schedule in ("constant", "plateau"):
     allowed |= set(LENGTH_KEYS)
@@ -98,6 +98,21 @@ def resume_differences(saved: dict[str, Any], config: "Config") -> list[str]:
   keys = sorted(set(now) | set(then))
   return [f"config.{k}={now.get(k)!r} (checkpoint: {then.get(k)!r})" for k in keys
           if k not in allowed and now.get(k) != then.get(k)]
+
+
+def _with_defaults(tree: dict[str, Any]) -> dict[str, Any]:
+  """The registry sections with their constructors' defaults filled in, JSON-normalised."""
+  from orthojax.train import registry  # pylint: disable=g-import-not-at-top  (imports Config)
+  tree = dict(tree)
+  for key, kind in (("model", "model"), ("optimizer", "optimizer"),
+                    ("euclidean_optimizer", "optimizer"), ("penalty", "penalty")):
+    if isinstance(tree.get(key), Mapping):
+      tree[key] = registry.with_defaults(kind, tree[key])
+  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
+  data = tree.get("data")
+  if isinstance(data, Mapping) and data.get("name") in data_lib.DATASETS:
+    tree["data"] = {"data_dir": "", **data_lib.default_options(data["name"]), **data}
+  return json.loads(json.dumps(tree, default=list))
 
 
 def _section(value: Any, key: str) -> dict[str, Any] | None:
@@ -316,6 +331,10 @@ def _check_sections(config: Config) -> None:
     if getattr(config, key) is not None:
       registry.build("optimizer", getattr(config, key), f"config.{key}", opt_supplied,
                      check_only=True)
+  for key in ("optimizer", "euclidean_optimizer"):
+    rate = (getattr(config, key) or {}).get("learning_rate")
+    if isinstance(rate, (int, float)) and not rate > 0:
+      raise ConfigError(f"config.{key}.learning_rate={rate}: must be > 0")
   if config.penalty is not None:
     registry.build("penalty", config.penalty, "config.penalty",
                    registry.Supplied({"mask": None, "views": None}), check_only=True)

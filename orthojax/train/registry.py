@@ -100,7 +100,14 @@ LAYERS: dict[str, Callable[..., Any]] = {
     "Unit": models.Unit, "Linear": nnx.Linear, "Conv": nnx.Conv, "BatchNorm": nnx.BatchNorm,
 }
 """Layers of a ``Sequential`` model section; an activation is ``{"name": "tanh"}`` (any name
-:func:`orthojax.nn.activation_fn` knows)."""
+:func:`orthojax.nn.activation_fn` knows), and :data:`RESHAPES` are parameter-free steps."""
+
+RESHAPES: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "flatten": lambda x: x.reshape(x.shape[0], -1),
+    "global_average_pool": lambda x: x.mean(axis=tuple(range(1, x.ndim - 1))),
+}
+"""Parameter-free steps of a ``Sequential`` model: ``{"name": "flatten"}`` (to
+``(batch, features)``) and ``{"name": "global_average_pool"}`` (mean over the spatial axes)."""
 
 def _already_an_initializer(init: Callable[..., jax.Array]) -> Callable[[], Any]:
   def factory():
@@ -173,10 +180,13 @@ def _is_section(value: Any) -> bool:
 def _blame(key: str, section: Mapping[str, Any], error: Exception) -> str:
   """Name the one keyword of ``section`` that the constructor's message mentions, if any."""
   text = str(error).splitlines()[0] if str(error) else type(error).__name__
-  named = [k for k in section if k != "name" and (f"{k}=" in text or f"'{k}'" in text or
-                                                  f"`{k}`" in text or f" {k} " in f" {text} ")]
-  if len(named) == 1:
-    return f"{key}.{named[0]}={section[named[0]]!r}: {text}"
+  def first_mention(k: str) -> int:
+    spots = [text.find(form) for form in (f"{k}=", f"'{k}'", f"`{k}`", f" {k} ")]
+    return min((i for i in spots if i >= 0), default=len(text))
+  named = sorted((first_mention(k), k) for k in section if k != "name")
+  if named and named[0][0] < len(text):
+    k = named[0][1]
+    return f"{key}.{k}={section[k]!r}: {text}"
   return f"{key}: {text}"
 
 
@@ -264,6 +274,9 @@ def _sequential(section: dict[str, Any], key: str, supplied: Supplied,
     if not _is_section(layer):
       raise ConfigError(f"{layer_key}: a section with a name, e.g. {{'name': 'OrthogonalDense', "
                         f"'in_features': 64, 'out_features': 64}} or {{'name': 'tanh'}}")
+    if layer["name"] in RESHAPES:
+      built.append(RESHAPES[layer["name"]])
+      continue
     if layer["name"] not in LAYERS:
       try:
         fn = nn.activation_fn(layer["name"], "name")
@@ -277,6 +290,25 @@ def _sequential(section: dict[str, Any], key: str, supplied: Supplied,
                               owned=("rngs",))
     built.append(build("layers", layer, layer_key, layer_supplied, check_only=check_only))
   return None if check_only else nnx.Sequential(*built)
+
+
+def with_defaults(kind: str, section: Mapping[str, Any] | None) -> Any:
+  """``section`` with every keyword it leaves out at its constructor's (plain) default —
+  so two sections that build the same object compare equal (resume checks)."""
+  if not section:
+    return section
+  section = _plain(section)
+  try:
+    _, fn = resolve_name(kind, section, f"config.{kind}")
+  except ConfigError:
+    return section
+  if fn is nnx.Sequential:
+    return section
+  out = {k: p.default for k, p in keywords(fn).items()
+         if p.default is not p.empty and isinstance(p.default, (bool, int, float, str, type(None)))}
+  for k, value in section.items():
+    out[k] = with_defaults(k, value) if k in REGISTRIES and _is_section(value) else value
+  return out
 
 
 def describe(kind: str) -> str:

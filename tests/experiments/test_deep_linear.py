@@ -134,7 +134,12 @@ def test_smoke_flagfile_runs_and_reports(tmp_path, monkeypatch):
 @pytest.mark.parametrize("flags, message", [
     (["--depths=2,x"], "--depths=2,x: 'x' is not an integer"),
     (["--lr_scaling=sqrt"], "--lr_scaling=sqrt: unknown"),
-    (["--loss=mse"], "--loss=mse: digits is a classification set"),
+    (["--config.loss=mse"], "config.loss='mse': digits is a classification set"),
+    (["--config.model.depth=4"], "config.model.depth=4: E7 sets it per run (each depth of "
+                                 "--depths)"),
+    (["--config.batch_size=64"], "config.batch_size=64: E7 sets it per run (the whole "
+                                 "training set"),
+    (["--config.model.width=0"], "config.model.width: the deep linear network's hidden width"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flags, message):
   proc = _cli.run("deep_linear", SMOKE, f"--workdir={tmp_path}", *flags, check=False,

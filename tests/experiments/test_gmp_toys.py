@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 
 from experiments import gmp_toys
+from experiments.configs import gmp_toys as gmp_toys_config
+from orthojax.train.config import Config
+from orthojax.train.config import ConfigError
 from tests.experiments import _cli
 
 SMOKE = "--flagfile=experiments/flags/gmp_toys_smoke.flags"
@@ -129,6 +132,61 @@ def test_points_are_on_the_real_layers_boundaries():
     np.testing.assert_allclose(np.diag(np.asarray(pre)), 0.0, atol=1e-4)
 
 
+# ------------------------------------------------------------ Config, runs --
+
+def _base(arg: str = "") -> Config:
+  return Config.from_dict(gmp_toys_config.get_config(arg))
+
+
+def test_runs_set_the_toys_model_data_and_lr_on_the_config_file():
+  base = _base()
+  assert (base.optimizer["name"], base.schedule, base.spectrum_every, base.log_every) == (
+      "adam", "constant", 1, 1000)
+  assert _base("smoke").replace(log_every=1000) == base
+  gmp_toys.check_base(base)
+  options = {"levy": {"num_train": 50, "noise": 0.1, "num_test": 201},
+             "banana": {"num_train": 800, "num_test": 200, "noise": 0.1}}
+  plan = gmp_toys.plan_runs(base, ["levy", "banana"], ["bn"], [0.1], [3],
+                            steps={"levy": 60, "banana": 40},
+                            batch_sizes={"levy": 50, "banana": 128}, options=options,
+                            levy_loss="mae")
+  levy, banana = (r.config for r in plan)
+  assert levy.model == {"name": "MLP", "hidden": 100, "variant": "bn", "activation": "relu",
+                        "gmp_init_direction": "gaussian", "gmp_init_radius": "one",
+                        "momentum": 0.99, "epsilon": gmp_toys.BN_EPSILON}
+  assert banana.model["hidden"] == 10
+  assert levy.data == {"name": "levy", "num_train": 50, "noise": 0.1, "num_test": 201}
+  assert (levy.loss, banana.loss) == ("mae", "cross_entropy")
+  assert (levy.num_steps, levy.batch_size, banana.num_steps, banana.batch_size) == (60, 50, 40,
+                                                                                    128)
+  assert levy.learning_rate == banana.learning_rate == 0.1 and levy.seed == 3
+  assert (levy.mesh.data, levy.mesh.fsdp, levy.mesh.model) == (1, 1, 1)
+  for config in (levy, banana):
+    config.validate(num_devices=1)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(spectrum_every=0), "config.spectrum_every=0: E4 tracks"),
+    (dict(data={"num_train": 10}), "config.data: {'num_train': 10} — E4 sets its data per toy"),
+    (dict(model={"name": "DeepMLP"}), "config.model.name='DeepMLP': E4 trains"),
+    (dict(model={"hidden": 5}), "config.model.hidden=5: E4 sets it per its toy"),
+    (dict(model={"variant": "gmp"}), "config.model.variant='gmp': E4 sets it per run"),
+    (dict(model={"activation": "tanh"}), "config.model.activation='tanh': E4's characteristic"),
+])
+def test_check_base_names_the_bad_key(changes, message):
+  with pytest.raises(ConfigError) as e:
+    gmp_toys.check_base(_base().replace(**changes))
+  assert str(e.value).startswith(message)
+
+
+def test_parse_options_names_the_flag():
+  assert gmp_toys.parse_options("levy_options", ["num_train=50", "noise=0.1", "x=true",
+                                                 "s=a"]) == {"num_train": 50, "noise": 0.1,
+                                                             "x": True, "s": "a"}
+  with pytest.raises(ConfigError, match=r"^--levy_options=num_train: 'num_train': expected"):
+    gmp_toys.parse_options("levy_options", ["num_train"])
+
+
 # -------------------------------------------------------------- End to end --
 
 def _png(path) -> bool:
@@ -200,7 +258,9 @@ def test_smoke_flagfile_tracks_every_step_and_reports_beside_the_paper(tmp_path)
 @pytest.mark.parametrize("flag, message", [
     ("--toy_variants=sp,gmp2", "--toy_variants=sp,gmp2: unknown 'gmp2'"),
     ("--toy_lrs=0.1,fast", "--toy_lrs=0.1,fast: 'fast' is not a number"),
-    ("--spectrum_every=0", "--spectrum_every=0: E4 tracks"),
+    ("--config.spectrum_every=0", "config.spectrum_every=0: E4 tracks"),
+    ("--levy_options=num_train=50,bumps=3", "--levy_options=num_train=50,bumps=3: levy: "
+                                            "unknown option(s) ['bumps']"),
     ("--levy_batch_size=500", "--levy_batch_size=500: larger than the 50 training examples"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):

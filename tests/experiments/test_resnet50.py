@@ -12,10 +12,11 @@ import sys
 import time
 
 from absl import flags
+from ml_collections import config_flags
 import pytest
 
 from experiments import resnet50
-from orthojax.train import flags as train_flags
+from orthojax.train.config import Config
 from tests.experiments import _cli
 
 SMOKE = "--flagfile=experiments/flags/resnet50_smoke.flags"
@@ -23,28 +24,47 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def _config(flagfile: str):
-  """The Config a flagfile gives with the training flags only (as experiments.train reads it)."""
+  """The Config a flagfile gives with the training flags only (as experiments.train reads it:
+  its --config line and overrides)."""
   fv = flags.FlagValues()
-  train_flags.define_flags(fv)
+  config_flags.DEFINE_config_file("config", None, "the config", flag_values=fv)
   cwd = os.getcwd()
-  os.chdir(_cli.REPO)    # nested --flagfile paths are relative to the repository root
+  os.chdir(_cli.REPO)    # config file paths are relative to the repository root
   try:
-    fv(["prog", f"--flagfile={flagfile}", "--workdir=/tmp/unused"])
+    fv(["prog", f"--flagfile={flagfile}"])
+    tree = fv.config.to_dict()
   finally:
     os.chdir(cwd)
-  return train_flags.config_from_flags(fv, num_devices=1)
+  return Config.from_dict({**tree, "workdir": "/tmp/unused"}).validate(num_devices=1)
 
 
 @pytest.mark.parametrize("variant", ["bn", "wn_mbn", "gmp_imn"])
 def test_e1_flagfiles_are_the_papers_recipe(variant):
   config = _config(f"experiments/flags/e1_resnet50_{variant}.flags")
-  assert (config.model, config.variant, config.dataset) == ("resnet50", variant, "imagenet2012")
-  assert (config.optimizer, config.momentum, config.lr, config.batch_size) == (
-      "momentum", 0.9, 0.1, 256)
+  assert (config.model["name"], config.model["depth"], config.model["norm"],
+          config.data["name"]) == ("ResNet", 50, variant, "imagenet2012")
+  assert (config.optimizer["name"], config.optimizer["momentum"], config.optimizer["nesterov"],
+          config.learning_rate, config.batch_size) == ("sgd", 0.9, False, 0.1, 256)
+  assert config.weight_decay == 1e-4 and config.euclidean_optimizer is None
   assert (config.schedule, config.plateau_patience, config.plateau_factor) == ("plateau", 5, 0.1)
   assert config.early_stopping_patience == 10 and config.num_epochs == 90
-  assert config.eval_every == config.checkpoint_every == resnet50.IMAGENET_TRAIN // 256
+  assert config.restore_best and config.loss == "cross_entropy"
+  assert config.eval_every == config.checkpoint.every_steps == resnet50.IMAGENET_TRAIN // 256
+  assert config.checkpoint.keep == 3
   assert variant in resnet50.PAPER
+
+
+def test_smoke_flagfile_is_the_recipe_scaled_down():
+  config = _config("experiments/flags/resnet50_smoke.flags")
+  assert (config.model["name"], config.model["depth"], config.model["norm"]) == (
+      "ResNet", 18, "bn")
+  assert config.data["name"] == "fake" and config.batch_size == 8
+  assert [config.options[k] for k in ("height", "width", "num_train", "num_eval")] == [
+      32, 32, 32, 16]
+  assert config.learning_rate == 0.003125 and config.optimizer["momentum"] == 0.9
+  assert (config.num_steps, config.num_epochs, config.eval_every,
+          config.checkpoint.every_steps, config.log_every) == (16, 0, 4, 2, 1)
+  assert config.schedule == "plateau" and config.restore_best
 
 
 def _popen(*args: str) -> subprocess.Popen:
@@ -144,8 +164,8 @@ def test_missing_imagenet_stops_with_the_manual_download_steps(tmp_path):
   empty = tmp_path / "tensorflow_datasets"
   empty.mkdir()
   proc = _cli.run("resnet50", "--flagfile=experiments/flags/e1_resnet50_bn.flags",
-                  f"--workdir={tmp_path / 'e1'}", f"--data_dir={empty}", check=False,
-                  timeout=180)
+                  f"--workdir={tmp_path / 'e1'}", f"--config.data.data_dir={empty}",
+                  check=False, timeout=180)
   assert proc.returncode == 2, proc.stderr[-2000:]
   err = proc.stderr
   assert f"error: imagenet2012 is not prepared in {empty}" in err
@@ -155,8 +175,10 @@ def test_missing_imagenet_stops_with_the_manual_download_steps(tmp_path):
 
 
 @pytest.mark.parametrize("flag, message", [
-    ("--variant=gmp", "--variant=gmp: E1 variants are bn, wn_mbn, gmp_imn, none"),
-    ("--model=vgg6", "--model=vgg6: E1 trains a ResNet"),
+    ("--config.model.norm=gmp", "config.model.norm='gmp': E1 variants are bn, wn_mbn, gmp_imn, "
+                                "none"),
+    ("--config=experiments/configs/e2_vgg6.py:smoke", "config.model.name='VGG6': E1 trains a "
+                                                      "ResNet"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
   proc = _cli.run("resnet50", SMOKE, f"--workdir={tmp_path}", flag, check=False, timeout=120)

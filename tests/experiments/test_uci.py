@@ -8,7 +8,37 @@ import math
 import pytest
 
 from experiments import uci
+from experiments.configs import uci as uci_config
+from orthojax.train.config import Config
 from tests.experiments import _cli
+
+
+def test_config_file_is_the_released_recipe():
+  base = Config.from_dict(uci_config.get_config())
+  assert base.model == {"name": "MLP", "hidden": 100, "activation": "relu",
+                        "gmp_init_direction": "gaussian", "gmp_init_radius": "one",
+                        "momentum": 0.99, "epsilon": 1e-3}
+  assert base.optimizer["name"] == "adam" and base.learning_rate == 0.01
+  assert (base.loss, base.num_steps, base.schedule, base.plateau_factor, base.plateau_patience,
+          base.early_stopping_patience, base.restore_best, base.eval_every) == (
+              "mae", 5000, "plateau", 0.1, 50, 100, True, 1)
+  smoke = Config.from_dict(uci_config.get_config("smoke"))
+  assert smoke.replace(num_steps=5000, plateau_patience=50,
+                       early_stopping_patience=100) == base
+  assert (smoke.num_steps, smoke.plateau_patience, smoke.early_stopping_patience) == (30, 5, 10)
+  uci.check_base(base, 0.1)
+  plan, missing, _ = uci.runs(base, ["boston"], ["sp", "gmp"], 1, "honest", 0.1)
+  assert not missing and [r.name for r in plan] == ["dataset=boston/variant=sp/split=0",
+                                                    "dataset=boston/variant=gmp/split=0"]
+  sp, gmp = (r.config for r in plan)
+  assert (sp.model["variant"], sp.learning_rate, gmp.model["variant"], gmp.learning_rate) == (
+      "sp", 0.01, "gmp", 0.1)
+  assert sp.data == {"name": "uci/boston", "csv_path": "", "download": True, "data_dir": "",
+                     "split_index": 0, "validation_fraction": 0.2}
+  assert (sp.mesh.data, sp.mesh.fsdp, sp.mesh.model) == (1, 1, 1)
+  assert sp.batch_size == 324 and sp.final_eval_splits == ("test",)   # 506 − 101 − 81
+  for config in (sp, gmp):
+    config.validate(num_devices=1)
 
 
 def test_smoke_flagfile_runs_and_reports_beside_the_paper(tmp_path):
@@ -42,7 +72,8 @@ def test_smoke_flagfile_runs_and_reports_beside_the_paper(tmp_path):
     ("--variants=sp,gmp2", "--variants=sp,gmp2: unknown 'gmp2'"),
     ("--num_splits=11", "--num_splits=11: must be in 1..10"),
     ("--protocol=leaky", "--protocol=leaky: unknown; choose one of honest, released"),
-    ("--lr=0", "--lr=0.0: must be > 0"),
+    ("--config.optimizer.learning_rate=0", "config.optimizer.learning_rate=0.0: must be > 0"),
+    ("--gmp_lr=-1", "--gmp_lr=-1.0: must be > 0"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
   proc = _cli.run("uci", "--flagfile=experiments/flags/uci_smoke.flags",

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import pathlib
 
 import pytest
 
 from experiments import vgg6_imagenet32 as e2
+from experiments.configs import e2_vgg6 as e2_config
 from orthojax.train.config import Config
 from tests.experiments import _cli
 
@@ -23,16 +25,38 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_plan_sets_lr_per_variant_and_one_epoch_per_batch():
-  base = Config(model="vgg6", lr=0.01, batch_size=256, num_epochs=90, eval_every=1,
-                checkpoint_every=1, schedule="plateau")
+  base = Config(model={"name": "VGG6", "variant": "sp"},
+                optimizer={"name": "sgd", "learning_rate": 0.01, "momentum": 0.9},
+                batch_size=256, num_epochs=90, eval_every=1, checkpoint={"every_steps": 1},
+                schedule="plateau")
   plan = e2.plan_runs(base, ["bn", "gmp_imn"], [256, 1024], 0.1, num_train=1_281_167)
-  got = {(r.tags, r.config.lr, r.config.batch_size, r.config.eval_every,
-          r.config.checkpoint_every) for r in plan}
+  got = {(r.tags, r.config.model["variant"], r.config.learning_rate, r.config.batch_size,
+          r.config.eval_every, r.config.checkpoint.every_steps) for r in plan}
   assert got == {
-      ((("variant", "bn"), ("batch", 256)), 0.01, 256, 5004, 5004),
-      ((("variant", "gmp_imn"), ("batch", 256)), 0.1, 256, 5004, 5004),
-      ((("variant", "bn"), ("batch", 1024)), 0.01, 1024, 1251, 1251),
-      ((("variant", "gmp_imn"), ("batch", 1024)), 0.1, 1024, 1251, 1251)}
+      ((("variant", "bn"), ("batch", 256)), "bn", 0.01, 256, 5004, 5004),
+      ((("variant", "gmp_imn"), ("batch", 256)), "gmp_imn", 0.1, 256, 5004, 5004),
+      ((("variant", "bn"), ("batch", 1024)), "bn", 0.01, 1024, 1251, 1251),
+      ((("variant", "gmp_imn"), ("batch", 1024)), "gmp_imn", 0.1, 1024, 1251, 1251)}
+  for run in plan:   # the rest of each section is kept
+    assert run.config.model["name"] == "VGG6"
+    assert run.config.optimizer["name"] == "sgd" and run.config.optimizer["momentum"] == 0.9
+    assert run.config.checkpoint.keep == 3
+
+
+def test_e2_config_is_the_papers_recipe():
+  config = Config.from_dict({**e2_config.get_config("").to_dict(), "workdir": "/tmp/unused"})
+  config.validate(num_devices=1)
+  assert (config.model["name"], config.data["name"]) == ("VGG6", "imagenet_resized/32x32")
+  assert (config.optimizer["name"], config.optimizer["momentum"], config.optimizer["nesterov"],
+          config.learning_rate) == ("sgd", 0.9, False, 0.01)
+  assert config.weight_decay == 0 and config.euclidean_optimizer is None
+  assert (config.schedule, config.plateau_patience, config.plateau_factor) == ("plateau", 5, 0.1)
+  assert config.early_stopping_patience == 10 and config.num_epochs == 90
+  assert config.restore_best and config.eval_batch_size == 1000
+  lines = (pathlib.Path(_cli.REPO) / "experiments/flags/e2_vgg6.flags").read_text().splitlines()
+  assert [l for l in lines if l.startswith("--")] == [
+      "--config=experiments/configs/e2_vgg6.py", "--vgg_variants=sp,wn,wn_mbn,bn,gmp,gmp_imn",
+      "--vgg_batch_sizes=256,512,1024", "--vgg_gmp_lr=0.1"]
 
 
 def test_rows_carry_table_2_at_its_batch_sizes():
@@ -73,7 +97,7 @@ def test_smoke_flagfile_end_to_end(tmp_path):
     assert all(math.isfinite(record["eval"][k]) for k in ("loss", "top1", "top5"))
     assert record["throughput"]["images_per_sec"] > 0
     config = json.loads((workdir / "results.json").read_text())["config"]
-    assert config["model"] == "vgg6"
+    assert config["model"]["name"] == "VGG6"
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert sorted({r["step"] for r in logged if r["split"] == "eval"}) == [4, 6]  # epoch = 4
     assert sorted(int(p) for p in os.listdir(run / "checkpoints") if p.isdigit()) == [4, 6]
@@ -86,8 +110,8 @@ def test_missing_imagenet32_stops_with_the_data_modules_message(tmp_path):
   empty = tmp_path / "tensorflow_datasets"
   empty.mkdir()
   proc = _cli.run("vgg6_imagenet32", "--flagfile=experiments/flags/e2_vgg6.flags",
-                  f"--workdir={tmp_path / 'e2'}", f"--data_dir={empty}",
-                  "--dataset_options=download=false", check=False, timeout=180)
+                  f"--workdir={tmp_path / 'e2'}", f"--config.data.data_dir={empty}",
+                  "--config.data.download=false", check=False, timeout=180)
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert f"error: imagenet_resized/32x32 is not prepared in {empty}" in proc.stderr
   assert f"tfds build imagenet_resized/32x32 --data_dir={empty}" in proc.stderr
@@ -97,6 +121,8 @@ def test_missing_imagenet32_stops_with_the_data_modules_message(tmp_path):
 @pytest.mark.parametrize("flag, message", [
     ("--vgg_variants=bn,resnet", "--vgg_variants=bn,resnet: unknown 'resnet'"),
     ("--vgg_batch_sizes=8,big", "--vgg_batch_sizes=8,big: integers expected"),
+    ("--config=experiments/configs/e1_resnet50.py:bn,smoke",
+     "config.model.name='ResNet': E2 trains VGG6"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
   proc = _cli.run("vgg6_imagenet32", SMOKE, f"--workdir={tmp_path}", flag, check=False,

@@ -112,7 +112,8 @@ def test_help(script, needle):
 
 def test_tpu_dry_run_prints_the_whole_sequence_and_runs_nothing(no_gcloud):
   env, log = no_gcloud
-  extra = ["--batch_size=1024", "--lr=0.4", "--note=it's a test"]
+  extra = ["--config.batch_size=1024", "--config.optimizer.learning_rate=0.4",
+           "--note=it's a test"]
   proc = _bash(TPU, ["--dry-run", *BASE, "--", *extra], env=env)
   assert proc.returncode == 0, proc.stderr
   cmds = _commands(proc.stdout)
@@ -336,13 +337,13 @@ def _wait_for(path: pathlib.Path, seconds: float = 20.0) -> str:
 @pytest.mark.skipif(not (REPO / ".git").exists(), reason="--code=copy archives a git checkout")
 def test_tpu_real_run_executes_remote_commands_on_every_worker(fake_tpu):
   env, workers, gcloud_log = fake_tpu
-  proc = _bash(TPU, [*BASE, "--", "--batch_size=1024", "--note=it's a test"], env=env)
+  proc = _bash(TPU, [*BASE, "--", "--config.batch_size=1024", "--note=it's a test"], env=env)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   assert gcloud_log.read_text().split("\n")[:2] == ["tpu-vm create", "tpu-vm scp"]
   check = (gcloud_log.parent / "compile_check.txt").read_text().splitlines()
   assert check == [f"arg={a}" for a in (
       "-m", "experiments.train", f"--flagfile={FLAGFILE}", "--compile_for=v4:2x2x4",
-      f"--workdir={gcloud_log.parent}/orthojax-oj-e1-compile", "--batch_size=1024",
+      f"--workdir={gcloud_log.parent}/orthojax-oj-e1-compile", "--config.batch_size=1024",
       "--note=it's a test")]
   for w in workers:
     assert (w / "orthojax" / "experiments" / "train.py").exists()
@@ -354,7 +355,7 @@ def test_tpu_real_run_executes_remote_commands_on_every_worker(fake_tpu):
     assert f"TFDS_DATA_DIR={TFDS}" in out and "JAX_PLATFORMS=tpu,cpu" in out
     args = [line[4:] for line in out.splitlines() if line.startswith("arg=")]
     assert args == ["-m", "experiments.train", f"--flagfile={FLAGFILE}", f"--workdir={WORKDIR}",
-                    "--distributed", "--batch_size=1024", "--note=it's a test"]
+                    "--distributed", "--config.batch_size=1024", "--note=it's a test"]
     assert (w / "orthojax-run.pid").read_text().strip().isdigit()
     assert "launch on" in (w / "orthojax-run.log").read_text()
 
@@ -447,7 +448,8 @@ GPU_ARGS = [f"--flagfile={FLAGFILE}", "--workdir=/shared/runs/e1", "--tfds_data_
 def test_slurm_dry_run_explicit_coordinator_and_process_count(slurm):
   env, _ = slurm
   env = {**env, "DRY_RUN": "1", "SLURM_PROCID": "1"}
-  proc = _run_slurm([*GPU_ARGS, "--", "--batch_size=1024", "--lr=0.4"], env)
+  proc = _run_slurm([*GPU_ARGS, "--", "--config.batch_size=1024",
+                     "--config.optimizer.learning_rate=0.4"], env)
   assert proc.returncode == 0, proc.stderr
   cmds = _commands(proc.stdout)
   assert ["export", "TFDS_DATA_DIR=/shared/tfds"] in cmds
@@ -459,10 +461,12 @@ def test_slurm_dry_run_explicit_coordinator_and_process_count(slurm):
   train = srun[srun.index("orthojax-task") + 1:]
   assert train == [env["PYTHON"], "-m", "experiments.train", f"--flagfile={FLAGFILE}",
                    "--workdir=/shared/runs/e1", "--coordinator_address=gpu017:29742",
-                   "--num_processes=2", "--batch_size=1024", "--lr=0.4"]
+                   "--num_processes=2", "--config.batch_size=1024",
+                   "--config.optimizer.learning_rate=0.4"]
   assert '--process_id="$SLURM_PROCID"' in srun[srun.index("-c") + 1]
   task_line = [line for line in proc.stdout.splitlines() if line.startswith("# task ")]
-  assert task_line and task_line[0].endswith("--lr=0.4 --process_id=1")
+  assert task_line and task_line[0].endswith(
+      "--config.optimizer.learning_rate=0.4 --process_id=1")
   assert not (slurm[1] / "task0.txt").exists()
 
 
@@ -483,7 +487,7 @@ def test_slurm_port_override_and_auto_mode(slurm):
 def test_slurm_real_run_gives_each_task_its_id_and_all_node_gpus(slurm):
   env, out = slurm
   env = {**env, "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "XLA_FLAGS": "--xla_dump_to=/tmp/x"}
-  proc = _run_slurm([*GPU_ARGS, "--", "--num_epochs=1"], env)
+  proc = _run_slurm([*GPU_ARGS, "--", "--config.num_epochs=1"], env)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   for i in range(2):
     text = (out / f"task{i}.txt").read_text()
@@ -493,7 +497,7 @@ def test_slurm_real_run_gives_each_task_its_id_and_all_node_gpus(slurm):
     assert "TFDS_DATA_DIR=/shared/tfds" in text
     args = [line[4:] for line in text.splitlines() if line.startswith("arg=")]
     assert args[-4:] == ["--coordinator_address=gpu017:29742", "--num_processes=2",
-                         "--num_epochs=1", f"--process_id={i}"]
+                         "--config.num_epochs=1", f"--process_id={i}"]
 
 
 @pytest.mark.parametrize("drop,needle", [
@@ -533,13 +537,14 @@ def test_slurm_auto_mode_needs_gpus_per_node(slurm):
 def test_tpu_dry_run_compiles_for_the_slice_first(no_gcloud, accelerator, topology):
   env, log = no_gcloud
   args = [a for a in BASE if not a.startswith("--accelerator")]
-  proc = _bash(TPU, ["--dry-run", f"--accelerator={accelerator}", *args, "--", "--lr=0.4"],
-               env=env)
+  proc = _bash(TPU, ["--dry-run", f"--accelerator={accelerator}", *args, "--",
+                     "--config.optimizer.learning_rate=0.4"], env=env)
   assert proc.returncode == 0, proc.stderr
   first, second = _commands(proc.stdout, compile_check=True)[:2]
   assert first[1:] == ["-m", "experiments.train", f"--flagfile={FLAGFILE}",
                        f"--compile_for={topology}",
-                       f"--workdir={env['TMPDIR']}/orthojax-oj-e1-compile", "--lr=0.4"]
+                       f"--workdir={env['TMPDIR']}/orthojax-oj-e1-compile",
+                       "--config.optimizer.learning_rate=0.4"]
   assert second[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "create"]
   assert not log.exists()
 
@@ -572,9 +577,9 @@ def test_tpu_compile_check_for_real(fake_tpu):
   env, _, gcloud_log = fake_tpu
   env = {**env, "ORTHOJAX_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
   args = [a for a in BASE if not a.startswith("--accelerator")]
-  small = ["--model=mlp", "--dataset=digits", "--num_epochs=0", "--num_steps=2", "--batch_size=8",
-           "--eval_every=0", "--early_stopping_patience=0", "--schedule=constant",
-           "--norestore_best", "--variant=sp", "--compute_dtype=float32"]
+  # The flagfile's E1 config replaced by experiments.train's, an MLP on digits (no
+  # --config.* overrides: ml_collections cannot take them along with a second --config).
+  small = ["--config=experiments/configs/train.py"]
   proc = _bash(TPU, ["--accelerator=v5litepod-4", *args, "--", *small], env=env, timeout=300)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert "HBM per chip" in proc.stdout

@@ -36,9 +36,9 @@ WIDTH, DEPTH, BATCH = 256, 6, 256
 
 
 def _deep_mlp(**changes) -> Config:
-  base = Config(model="deep_mlp", depth=DEPTH, width=WIDTH, dataset="digits",
-                dataset_options=(("flatten", True),), batch_size=BATCH, num_steps=10,
-                optimizer="sgd", lr=0.1, init="orthogonal", compute_dtype="bfloat16")
+  base = Config(model={"name": "DeepMLP", "depth": DEPTH, "width": WIDTH, "init": "orthogonal"},
+                data={"name": "digits", "flatten": True}, batch_size=BATCH, num_steps=10,
+                optimizer={"name": "sgd", "learning_rate": 0.1}, compute_dtype="bfloat16")
   return base.replace(**changes)
 
 
@@ -57,7 +57,7 @@ def data_report():
 
 @pytest.fixture(scope="module")
 def fsdp_report():
-  return aot.compile_for(_deep_mlp(mesh_data=1, mesh_fsdp=-1), "v5e:2x2")
+  return aot.compile_for(_deep_mlp(mesh={"data": 1, "fsdp": -1}), "v5e:2x2")
 
 
 def test_topology_table_and_names():
@@ -132,17 +132,19 @@ def test_fsdp_shards_state_and_gathers(data_report, fsdp_report):
 
 
 def test_two_slices_put_data_parallelism_across_them():
-  report = aot.compile_for(_deep_mlp(depth=2), "v5e:2x2", num_slices=2)
+  report = aot.compile_for(_deep_mlp(model={"depth": 2}), "v5e:2x2", num_slices=2)
   assert (report.num_chips, report.num_slices, report.mesh["data"]) == (8, 2, 8)
   assert "all-reduce" in report.train.collectives
-  with pytest.raises(ValueError, match="--num_slices=2"):
-    aot.compile_for(_deep_mlp(depth=2, mesh_data=1, mesh_fsdp=-1), "v5e:2x2", num_slices=2)
+  with pytest.raises(ValueError, match="config.mesh.num_slices=2"):
+    aot.compile_for(_deep_mlp(model={"depth": 2}, mesh={"data": 1, "fsdp": -1}), "v5e:2x2",
+                    num_slices=2)
 
 
 def test_too_big_is_one_line_naming_what_to_change(data_report):
   """Too big either way: the TPU compiler refuses (2.7e9 float32 params with Adam), or
   the memory analysis exceeds the chip (the small job on a chip of 1 MiB)."""
-  huge = _deep_mlp(width=8192, depth=40, batch_size=8, compute_dtype="float32", optimizer="adam")
+  huge = _deep_mlp(model={"width": 8192, "depth": 40}, batch_size=8, compute_dtype="float32",
+                   optimizer={"name": "adam"})
   with pytest.raises(aot.DoesNotFitError) as err:
     aot.compile_for(huge, "v5e:2x2")
   tiny_chip = dataclasses.replace(data_report.chip, hbm_bytes=2 ** 20)
@@ -153,12 +155,14 @@ def test_too_big_is_one_line_naming_what_to_change(data_report):
   assert "arguments take" in str(err2.value) and "has 16 GiB" in str(err.value)
   for message in (str(err.value), str(err2.value)):
     assert "\n" not in message and "per chip" in message, message
-    assert "--mesh_fsdp" in message and "--grad_accum_steps" in message, message
+    assert "config.mesh.fsdp" in message and "config.grad_accum_steps" in message, message
 
 
 def test_compile_check_builds_the_step_the_run_uses():
   """Same config on 4 CPU devices and on 4 abstract TPU chips: one jaxpr."""
-  config = _deep_mlp(depth=2, optimizer="radam", weights="stiefel")
+  config = _deep_mlp(model={"depth": 2, "weights": "stiefel"},
+                     optimizer={"name": "radam"},
+                     euclidean_optimizer={"name": "sgd", "learning_rate": 0.1})
   info = data_lib.dataset_info("digits", flatten=True)
   cpu = build_program(config, info, devices=jax.devices()[:4])
   tpu = build_program(config, info, devices=topology.Topology.parse("v5e:2x2").devices())
@@ -186,21 +190,22 @@ def test_h100_deviceless_compile_counts_the_same_flops(data_report):
 
 
 def test_bad_config_for_the_topology():
-  with pytest.raises(ConfigError, match="--batch_size=6"):
+  with pytest.raises(ConfigError, match="config.batch_size=6"):
     aot.compile_for(_deep_mlp(batch_size=6), "v5e:2x2")
   with pytest.raises(ValueError, match="mesh"):
-    aot.compile_for(_deep_mlp(mesh_data=3), "v5e:2x2")
+    aot.compile_for(_deep_mlp(mesh={"data": 3}), "v5e:2x2")
 
 
 @pytest.mark.parametrize("args,expected", [
     (("--compile_for=v9z:2x2",), "unknown topology"),
-    (("--compile_for=v5e:2x2", "--mesh_data=3"), "mesh"),
-    (("--compile_for=v5e:2x2", "--num_slices=2", "--batch_size=12"), "--batch_size=12"),
+    (("--compile_for=v5e:2x2", "--config.mesh.data=3"), "mesh"),
+    (("--compile_for=v5e:2x2", "--config.mesh.num_slices=2", "--config.batch_size=12"),
+     "config.batch_size=12"),
 ])
 def test_cli_bad_input_is_one_line_exit_1_nothing_written(tmp_path, args, expected):
   workdir = tmp_path / "w"
-  proc = _cli.run("train", "--model=mlp", "--dataset=digits", "--num_steps=2",
-                  "--batch_size=8", f"--workdir={workdir}", *args, check=False)
+  proc = _cli.run("train", "--config.num_steps=2", "--config.batch_size=8",
+                  f"--workdir={workdir}", *args, check=False)
   assert proc.returncode == 1, proc.stderr[-2000:]
   lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("error:")]
   assert len(lines) == 1 and expected in lines[0], proc.stderr[-2000:]
@@ -210,8 +215,8 @@ def test_cli_bad_input_is_one_line_exit_1_nothing_written(tmp_path, args, expect
 
 def test_cli_writes_the_report(tmp_path):
   workdir = tmp_path / "w"
-  proc = _cli.run("train", "--model=mlp", "--dataset=digits", "--num_steps=2",
-                  "--batch_size=8", f"--workdir={workdir}", "--compile_for=v5e:2x2")
+  proc = _cli.run("train", "--config.num_steps=2", "--config.batch_size=8",
+                  f"--workdir={workdir}", "--compile_for=v5e:2x2")
   assert "HBM per chip" in proc.stdout and "FLOPs per example" in proc.stdout
   report = json.loads((workdir / aot.REPORT).read_text())["run"]
   assert report["num_chips"] == 4 and report["fits"]

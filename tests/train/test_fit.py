@@ -61,7 +61,7 @@ SCRIPT = textwrap.dedent('''
       return {}
 
     workdir = sys.argv[1]
-    config = Config(batch_size=32, num_steps=16, log_every=16, checkpoint_every=4,
+    config = Config(batch_size=32, num_steps=16, log_every=16, checkpoint={"every_steps": 4},
                     workdir=workdir, spectrum_every=1)
     result = fit(Net, optimizer, batches, config, hooks=(hook,))
     np.savez(os.path.join(workdir, "final.npz"),

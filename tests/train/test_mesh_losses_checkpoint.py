@@ -26,7 +26,7 @@ def test_make_mesh_fills(sizes, shape):
 
 @pytest.mark.parametrize("sizes,fragment", [
     (dict(data=3), "data*fsdp*model = 3"), (dict(data=-1, fsdp=-1), "only one axis"),
-    (dict(data=0), "--mesh_data=0"), (dict(data=-1, fsdp=3), "cannot be split")])
+    (dict(data=0), "config.mesh.data=0"), (dict(data=-1, fsdp=3), "cannot be split")])
 def test_make_mesh_errors(sizes, fragment):
   with pytest.raises(ValueError, match=fragment.replace("*", r"\*")):
     mesh_lib.make_mesh(**sizes)

@@ -18,8 +18,8 @@ from orthojax.train.data import DatasetInfo
 def test_critical_deep_mlp_inputs_are_scaled_to_q_star(q_star, init):
   info = DatasetInfo(name="toy", task="classification", input_shape=(16, 16), num_classes=10,
                      num_train=1, num_eval=1)
-  config = Config(model="deep_mlp", depth=3, width=2000, q_star=q_star, init=init,
-                  activation="tanh", num_steps=1)
+  config = Config(model={"name": "DeepMLP", "depth": 3, "width": 2000, "q_star": q_star,
+                         "init": init, "activation": "tanh"}, num_steps=1)
   model = model_zoo.build(config, info, nnx.Rngs(0))
   mlp = model.model
   assert model.scale == pytest.approx(np.sqrt(q_star - mlp.sigma_b ** 2) / mlp.sigma_w)
@@ -55,19 +55,24 @@ def _activation_ops(jaxpr, found):
   return found
 
 
-@pytest.mark.parametrize("overrides, info", [
-    (dict(model="resnet18", variant="bn"), _IMAGE),
-    (dict(model="resnet18", variant="gmp_imn"), _IMAGE),
-    (dict(model="resnet18", variant="wn_mbn"), _IMAGE),
-    (dict(model="vgg6", variant="bn"), _IMAGE),
-    (dict(model="mlp", variant="bn", width=8), _FLAT),
-    (dict(model="mlp", variant="gmp", width=8), _FLAT),
-    (dict(model="deep_mlp", depth=3, width=8, q_star=0.5, init="orthogonal",
-          activation="tanh"), _FLAT),
-    (dict(model="deep_linear", depth=3, width=8), _FLAT),
-    (dict(model="rnn", width=8), _SEQ),
+@pytest.mark.parametrize("model, info", [
+    ({"name": "ResNet", "depth": 18, "norm": "bn"}, _IMAGE),
+    ({"name": "ResNet", "depth": 18, "norm": "gmp_imn"}, _IMAGE),
+    ({"name": "ResNet", "depth": 18, "norm": "wn_mbn"}, _IMAGE),
+    ({"name": "VGG6", "variant": "bn"}, _IMAGE),
+    ({"name": "MLP", "variant": "bn", "hidden": 8}, _FLAT),
+    ({"name": "MLP", "variant": "gmp", "hidden": 8}, _FLAT),
+    ({"name": "DeepMLP", "depth": 3, "width": 8, "q_star": 0.5, "init": "orthogonal",
+      "activation": "tanh"}, _FLAT),
+    ({"name": "DeepLinear", "depth": 3, "width": 8}, _FLAT),
+    ({"name": "SequenceRNN", "hidden": 8}, _SEQ),
+    ({"name": "Sequential", "layers": [
+        {"name": "OrthogonalConv", "in_features": 3, "out_features": 4, "kernel_size": (3, 3)},
+        {"name": "relu"}, {"name": "GmPConv", "in_features": 4, "out_features": 10,
+                           "kernel_size": (3, 3)},
+        {"name": "global_average_pool"}]}, _IMAGE),
 ])
-def test_bfloat16_compute_reaches_every_layer(overrides, info):
+def test_bfloat16_compute_reaches_every_layer(model, info):
   """With --compute_dtype=bfloat16 every matmul/conv on activations runs in bfloat16.
 
   Regression: normalisation layers built with ``dtype=None`` promoted their
@@ -80,7 +85,8 @@ def test_bfloat16_compute_reaches_every_layer(overrides, info):
   from orthojax.train.step import TrainState
   from orthojax.train.step import make_train_step
 
-  config = Config(**overrides, compute_dtype="bfloat16", optimizer="momentum",
+  config = Config(model=model, compute_dtype="bfloat16", num_steps=10,
+                  optimizer={"name": "sgd", "learning_rate": 0.1, "momentum": 0.9},
                   loss="cross_entropy" if info.task == "classification" else "mse")
   model = model_zoo.build(config, info, nnx.Rngs(0))
   model.train()

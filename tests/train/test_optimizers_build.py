@@ -1,9 +1,10 @@
-"""Optimizers from flags: weight decay acts on kernels only, for every Euclidean optimizer."""
+"""The run's optax chain from the config: weight decay on kernels only, manifold routing."""
 
 from __future__ import annotations
 
 import jax
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -12,10 +13,11 @@ from orthojax.train import data as data_lib
 from orthojax.train import model_zoo
 from orthojax.train import optimizers
 from orthojax.train.config import Config
+from orthojax.train.config import ConfigError
 
 
 def _params(config):
-  info = data_lib.dataset_info(config.dataset)
+  info = data_lib.dataset_info(config.data["name"])
   model = model_zoo.build(config, info, nnx.Rngs(0))
   state = nnx.state(model, nnx.Param)
   return (nnx.to_pure_dict(state), nnx.to_pure_dict(oj.nn.manifold_labels(state)),
@@ -27,10 +29,17 @@ def _decayed(path) -> bool:
   return "kernel" in key and "'theta'" not in key
 
 
-@pytest.mark.parametrize("optimizer", ["momentum", "sgd", "adamw"])
-def test_zero_gradient_update_is_the_decay_of_the_kernels(optimizer):
-  config = Config(model="mlp", variant="gmp", width=8, dataset="digits", num_steps=10,
-                  optimizer=optimizer, lr=0.5, weight_decay=0.01)
+_GMP_MLP = {"name": "MLP", "variant": "gmp", "hidden": 8}
+
+
+@pytest.mark.parametrize("optimizer,decay", [
+    ({"name": "sgd", "momentum": 0.9}, {"weight_decay": 0.01}),
+    ({"name": "sgd"}, {"weight_decay": 0.01}),
+    ({"name": "adamw", "weight_decay": 0.01}, {}),      # AdamW's own, decoupled
+])
+def test_zero_gradient_update_is_the_decay_of_the_kernels(optimizer, decay):
+  config = Config(model=_GMP_MLP, num_steps=10, optimizer={**optimizer, "learning_rate": 0.5},
+                  **decay)
   params, _, _ = _params(config)
   assert any("theta" in jax.tree_util.keystr(p) for p, _ in
              jax.tree_util.tree_flatten_with_path(params)[0])
@@ -45,8 +54,8 @@ def test_zero_gradient_update_is_the_decay_of_the_kernels(optimizer):
 
 
 def test_adam_l2_touches_kernels_only_and_none_without_decay():
-  config = Config(model="mlp", variant="sp", width=8, dataset="digits", num_steps=10,
-                  optimizer="adam", lr=0.1, weight_decay=0.01)
+  config = Config(model={"name": "MLP", "hidden": 8}, num_steps=10,
+                  optimizer={"name": "adam", "learning_rate": 0.1}, weight_decay=0.01)
   params, _, _ = _params(config)
   zeros = jax.tree.map(np.zeros_like, params)
   for wd in (0.01, 0.0):
@@ -58,9 +67,11 @@ def test_adam_l2_touches_kernels_only_and_none_without_decay():
 
 
 def test_manifold_run_decays_the_euclidean_kernels_not_the_manifold_ones():
-  config = Config(model="deep_mlp", depth=2, width=8, q_star=0.5, init="orthogonal",
-                  weights="stiefel", dataset="digits", num_steps=10, optimizer="radam",
-                  euclidean_optimizer="momentum", lr=0.1, weight_decay=0.01)
+  config = Config(model={"name": "DeepMLP", "depth": 2, "width": 8, "q_star": 0.5,
+                         "init": "orthogonal", "weights": "stiefel"},
+                  num_steps=10, optimizer={"name": "radam", "learning_rate": 0.1},
+                  euclidean_optimizer={"name": "sgd", "learning_rate": 0.1, "momentum": 0.9},
+                  weight_decay=0.01)
   params, labels, views = _params(config)
   tx = optimizers.build(config, total_steps=10, labels=labels, views=views)
   updates, _ = tx.update(jax.tree.map(np.zeros_like, params), tx.init(params), params)
@@ -71,3 +82,57 @@ def test_manifold_run_decays_the_euclidean_kernels_not_the_manifold_ones():
   np.testing.assert_array_equal(readout["bias"], 0.0)
   # Stiefel, zero gradient: only the retraction's re-orthonormalisation (float32 rounding).
   np.testing.assert_allclose(updates["model"]["kernels"], 0.0, atol=1e-6)
+
+
+_STIEFEL_MLP = {"name": "DeepMLP", "depth": 2, "width": 8, "q_star": 0.5, "init": "orthogonal",
+                "weights": "stiefel"}
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(model={"name": "MLP", "hidden": 8}, optimizer={"name": "radam", "learning_rate": 0.1}),
+     "config.optimizer.name='radam': a manifold optimizer needs manifold parameters"),
+    (dict(model={"name": "MLP", "hidden": 8},
+          euclidean_optimizer={"name": "adam", "learning_rate": 0.1}),
+     "config.euclidean_optimizer: the model has no manifold parameters"),
+    (dict(model=_STIEFEL_MLP, optimizer={"name": "radam", "learning_rate": 0.1}),
+     "config.euclidean_optimizer: the model has Euclidean parameters"),
+    (dict(model={**_STIEFEL_MLP, "weights": "oblique"},
+          optimizer={"name": "radam", "learning_rate": 0.1,
+                     "manifold": {"name": "Stiefel"}},
+          euclidean_optimizer={"name": "adam", "learning_rate": 0.1}),
+     "config.optimizer.manifold.name='Stiefel': the model's manifold parameters are oblique"),
+    (dict(model={**_STIEFEL_MLP, "weights": "oblique"},
+          optimizer={"name": "cayley_adam", "learning_rate": 0.1},
+          euclidean_optimizer={"name": "adam", "learning_rate": 0.1}),
+     "config.optimizer.name='cayley_adam': Stiefel-only"),
+    (dict(model=_STIEFEL_MLP, optimizer={"name": "radam", "learning_rate": 0.1},
+          euclidean_optimizer={"name": "adam", "learning_rate": 0.1}, schedule="plateau",
+          eval_every=1), "config.schedule='plateau': not available with the manifold"),
+])
+def test_routing_errors_are_one_line_naming_the_key(changes, message):
+  config = Config(num_steps=10, **changes)
+  params, labels, views = _params(config)
+  labels = None if all(l == "euclidean" for l in jax.tree.leaves(labels)) else labels
+  with pytest.raises(ConfigError) as e:
+    optimizers.build(config, total_steps=10, labels=labels, views=views)
+  assert str(e.value).startswith(message), str(e.value)
+
+
+@pytest.mark.parametrize("kind,manifold", [("stiefel", oj.manifolds.Stiefel("cayley")),
+                                           ("oblique", oj.manifolds.Oblique())])
+def test_manifold_section_builds_the_same_optimizer_as_by_hand(kind, manifold):
+  """radam + Stiefel('cayley') from the config = the same chain written in code."""
+  section = {"name": type(manifold).__name__}
+  if kind == "stiefel":
+    section["retraction"] = "cayley"
+  config = Config(model={**_STIEFEL_MLP, "weights": kind}, num_steps=10,
+                  optimizer={"name": "radam", "learning_rate": 0.1, "manifold": section},
+                  euclidean_optimizer={"name": "adam", "learning_rate": 0.01})
+  params, labels, views = _params(config)
+  tx = optimizers.build(config, total_steps=10, labels=labels, views=views)
+  by_hand = oj.optim.partition(labels, **{kind: oj.optim.radam(0.1, manifold, views=views),
+                                          "euclidean": optax.adam(0.01)})
+  grads = jax.tree.map(lambda p: np.ones_like(p) * 0.1, params)
+  u1, _ = tx.update(grads, tx.init(params), params)
+  u2, _ = by_hand.update(grads, by_hand.init(params), params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), u1, u2)

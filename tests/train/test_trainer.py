@@ -21,8 +21,9 @@ from orthojax.train.config import Config
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-_BASE = Config(model="mlp", variant="sp", width=32, dataset="digits", batch_size=32,
-               num_steps=12, optimizer="adam", lr=3e-3, log_every=4, seed=3)
+_BASE = Config(model={"name": "MLP", "variant": "sp", "hidden": 32}, data={"name": "digits"},
+               batch_size=32, num_steps=12, optimizer={"name": "adam", "learning_rate": 3e-3},
+               log_every=4, seed=3)
 
 
 def _losses(records):
@@ -38,11 +39,11 @@ def _run(config, tmp_path, name, **kwargs):
 
 
 @pytest.mark.parametrize("variant", [
-    dict(mesh_data=-1),                      # 8-way data parallel
-    dict(mesh_data=2, mesh_fsdp=4),          # params sharded over fsdp
+    dict(mesh={"data": -1}),                 # 8-way data parallel
+    dict(mesh={"data": 2, "fsdp": 4}),       # params sharded over fsdp
 ])
 def test_one_device_and_eight_devices_agree(tmp_path, variant):
-  one, log1 = _run(_BASE.replace(mesh_data=1), tmp_path, "one", devices=jax.devices()[:1])
+  one, log1 = _run(_BASE.replace(mesh={"data": 1}), tmp_path, "one", devices=jax.devices()[:1])
   eight, log8 = _run(_BASE.replace(**variant), tmp_path, "eight")
   np.testing.assert_allclose(_losses(log8), _losses(log1), rtol=1e-5, atol=1e-6)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b),
@@ -78,7 +79,7 @@ def test_nan_stops_with_step_and_keeps_last_checkpoint(tmp_path, monkeypatch):
       yield batch
 
   monkeypatch.setattr(data_lib, "train_batches", poisoned)
-  config = _BASE.replace(checkpoint_every=4, log_every=1)
+  config = _BASE.replace(checkpoint={"every_steps": 4}, log_every=1)
   with pytest.raises(trainer.NonFiniteLossError, match=r"at step 6\b.*step 4"):
     _run(config, tmp_path, "nan")
   from orthojax.train.checkpoint import Checkpointer
@@ -100,9 +101,10 @@ def test_skip_policy_stops_a_dead_run_and_logs_what_it_skipped(tmp_path, monkeyp
       yield dict(batch, x=np.full_like(batch["x"], np.nan)) if i >= 6 else batch
 
   monkeypatch.setattr(data_lib, "train_batches", dead)
-  config = _BASE.replace(num_steps=40, log_every=2, nan_policy="skip", checkpoint_every=4)
+  config = _BASE.replace(num_steps=40, log_every=2, nan_policy="skip",
+                         checkpoint={"every_steps": 4})
   with pytest.raises(trainer.NonFiniteLossError,
-                     match=r"14 of 20 updates were skipped.*--max_skipped_fraction=0.5"):
+                     match=r"14 of 20 updates were skipped.*config.max_skipped_fraction=0.5"):
     _run(config, tmp_path, "dead")
   from orthojax.train.metrics import read_jsonl
   logged = [r for r in read_jsonl(str(tmp_path / "dead" / "metrics.jsonl"))
@@ -117,10 +119,10 @@ def test_skip_policy_stops_a_dead_run_and_logs_what_it_skipped(tmp_path, monkeyp
 
 
 def _cli(workdir, *extra):
-  return [sys.executable, "-m", "experiments.train", "--model=mlp", "--variant=sp", "--width=32",
-          "--dataset=digits", "--batch_size=32", "--num_steps=40", "--optimizer=adam",
-          "--lr=3e-3", "--log_every=1", "--checkpoint_every=3", "--seed=5",
-          f"--workdir={workdir}", *extra]
+  return [sys.executable, "-m", "experiments.train", "--config=experiments/configs/train.py",
+          "--config.model.hidden=32", "--config.batch_size=32", "--config.num_steps=40",
+          "--config.optimizer.learning_rate=3e-3", "--config.log_every=1",
+          "--config.checkpoint.every_steps=3", "--config.seed=5", f"--workdir={workdir}", *extra]
 
 
 def _env(devices=8):
@@ -132,7 +134,7 @@ def _env(devices=8):
 
 def _final_params(workdir):
   result = trainer.train(_BASE.replace(num_steps=40, seed=5, workdir=str(workdir),
-                                       checkpoint_every=3),
+                                       checkpoint={"every_steps": 3}),
                          print_fn=lambda *a, **k: None)
   assert result.final_step == 40
   return result.state.params
@@ -159,7 +161,8 @@ def test_sigkill_and_resume_matches_uninterrupted_run(tmp_path):
 
 def test_two_processes_match_one(tmp_path):
   port = 20000 + os.getpid() % 20000
-  common = ["--mesh_data=-1", "--num_steps=6", "--checkpoint_every=0"]
+  common = ["--config.mesh.data=-1", "--config.num_steps=6",
+            "--config.checkpoint.every_steps=0"]
   # Output to files, not pipes: a full pipe would block one process inside a
   # collective and so hang the other.
   logs = [open(tmp_path / f"process{i}.log", "w+") for i in range(2)]
@@ -191,9 +194,10 @@ def test_two_processes_match_one(tmp_path):
   np.testing.assert_allclose(multi, single, rtol=1e-5, atol=1e-6)
 
 
-_LEVY = Config(model="mlp", variant="sp", width=16, dataset="levy", batch_size=100,
-               num_steps=40, optimizer="adam", lr=3e-2, loss="mse", log_every=10, eval_every=2,
-               seed=1, restore_best=True, final_eval_splits=("test",), mesh_data=1)
+_LEVY = Config(model={"name": "MLP", "variant": "sp", "hidden": 16}, data={"name": "levy"},
+               batch_size=100, num_steps=40, optimizer={"name": "adam", "learning_rate": 3e-2},
+               loss="mse", log_every=10, eval_every=2, seed=1, restore_best=True,
+               final_eval_splits=("test",), mesh={"data": 1})
 
 
 def test_restore_best_evaluates_the_best_state_and_final_splits(tmp_path):
@@ -217,9 +221,10 @@ def test_restore_best_evaluates_the_best_state_and_final_splits(tmp_path):
 
 def test_restore_best_survives_resume(tmp_path):
   one = jax.devices()[:1]
-  straight, _ = _run(_LEVY.replace(checkpoint_every=10), tmp_path, "straight", devices=one)
-  _run(_LEVY.replace(num_steps=22, checkpoint_every=10), tmp_path, "resumed", devices=one)
-  resumed, _ = _run(_LEVY.replace(checkpoint_every=10), tmp_path, "resumed", devices=one)
+  every10 = _LEVY.replace(checkpoint={"every_steps": 10})
+  straight, _ = _run(every10, tmp_path, "straight", devices=one)
+  _run(every10.replace(num_steps=22), tmp_path, "resumed", devices=one)
+  resumed, _ = _run(every10, tmp_path, "resumed", devices=one)
   assert resumed.best_eval["step"] == straight.best_eval["step"]
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                resumed.best_state.params, straight.best_state.params)
@@ -228,12 +233,14 @@ def test_restore_best_survives_resume(tmp_path):
 
 @pytest.mark.parametrize("weights", ["stiefel", "oblique"])
 def test_manifold_weights_train_on_the_manifold_through_the_partition(tmp_path, weights):
-  """--weights=stiefel|oblique: Riemannian Adam for the kernels, Adam for the rest, sharded
+  """weights='stiefel'|'oblique': Riemannian Adam for the kernels, Adam for the rest, sharded
   over an fsdp mesh (optimizer state with MaskedNodes for the other partition)."""
   import orthojax as oj
-  config = Config(model="deep_mlp", depth=3, width=16, q_star=0.5, init="orthogonal",
-                  weights=weights, dataset="digits", batch_size=64, num_steps=30,
-                  optimizer="radam", lr=1e-2, log_every=10, mesh_data=2, mesh_fsdp=4, seed=2)
+  config = Config(model={"name": "DeepMLP", "depth": 3, "width": 16, "q_star": 0.5,
+                         "init": "orthogonal", "weights": weights},
+                  batch_size=64, num_steps=30, optimizer={"name": "radam", "learning_rate": 1e-2},
+                  euclidean_optimizer={"name": "adam", "learning_rate": 1e-2}, log_every=10,
+                  mesh={"data": 2, "fsdp": 4}, seed=2)
   result, log = _run(config, tmp_path, weights)
   losses = _losses(log)
   assert losses[-1] < 0.7 * losses[0]
@@ -261,7 +268,7 @@ def _preempted_at(step, config, tmp_path, name):
 
 def test_sigterm_at_a_checkpoint_step_stops_cleanly_and_resumes(tmp_path):
   """Preemption noticed at a step the periodic save just wrote: one save, a clean stop."""
-  config = _BASE.replace(checkpoint_every=2, spectrum_every=1, num_steps=8)
+  config = _BASE.replace(checkpoint={"every_steps": 2}, spectrum_every=1, num_steps=8)
   result = _preempted_at(4, config, tmp_path, "preempted")
   assert result.preempted and result.final_step == 4
   resumed, log = _run(config, tmp_path, "preempted")
@@ -303,7 +310,7 @@ def test_metrics_log_after_resume_reads_as_one_uninterrupted_run(tmp_path):
   planted as a crash would leave it, then resumed, then rerun once finished: the
   log has the uninterrupted run's rows — no duplicates, no stale rows, the
   interval mean at step 8 over steps 5–8 — and one final evaluation."""
-  config = _BASE.replace(checkpoint_every=3, spectrum_every=1, num_steps=12)
+  config = _BASE.replace(checkpoint={"every_steps": 3}, spectrum_every=1, num_steps=12)
   _, straight = _run(config, tmp_path, "straight")
   result = _preempted_at(6, config, tmp_path, "resumed")
   assert result.preempted and result.final_step == 6
@@ -349,18 +356,20 @@ def test_one_run_per_workdir(tmp_path):
 
 
 def test_resume_refuses_a_changed_run_and_allows_the_rest(tmp_path):
-  config = _BASE.replace(checkpoint_every=4, num_steps=8)
+  config = _BASE.replace(checkpoint={"every_steps": 4}, num_steps=8)
   _run(config.replace(num_steps=4), tmp_path, "run")
   saved = json.loads((tmp_path / "run" / "config.json").read_text())
-  assert saved["lr"] == config.lr and saved["optimizer"] == "adam"
+  assert saved["optimizer"] == {"name": "adam", "learning_rate": config.learning_rate}
   from orthojax.train.config import ConfigError
-  with pytest.raises(ConfigError, match=r"--width=64 \(checkpoint: 32\), --lr=0\.01 "
+  with pytest.raises(ConfigError, match=r"config.model.hidden=64 \(checkpoint: 32\), "
+                                        r"config.optimizer.learning_rate=0\.01 "
                                         r"\(checkpoint: 0\.003\)") as err:
-    _run(config.replace(lr=0.01, width=64), tmp_path, "run")
+    _run(config.replace(optimizer={"learning_rate": 0.01}, model={"hidden": 64}), tmp_path,
+         "run")
   assert "\n" not in str(err.value)
   # Logging, evaluation, checkpoints, mesh and length (constant schedule) may change.
-  result, _ = _run(config.replace(log_every=2, eval_every=2, keep_checkpoints=5, mesh_data=2,
-                                  mesh_fsdp=4), tmp_path, "run")
+  result, _ = _run(config.replace(log_every=2, eval_every=2, checkpoint={"keep": 5},
+                                  mesh={"data": 2, "fsdp": 4}), tmp_path, "run")
   assert result.final_step == 8
   with pytest.raises(ConfigError, match="num_steps"):
     _run(config.replace(num_steps=12, schedule="cosine"), tmp_path, "run")
@@ -377,7 +386,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_intact_one(tmp_path, damage
   """A bit flipped in a data file, a truncated or deleted file, or a save that never
   got its checksums: the newest step is reported, set aside, and the run resumes
   from the newest intact one — ending exactly as the uninterrupted run."""
-  config = _BASE.replace(num_steps=12, checkpoint_every=4)
+  config = _BASE.replace(num_steps=12, checkpoint={"every_steps": 4})
   straight, _ = _run(config, tmp_path, "straight")
   _run(config.replace(num_steps=8), tmp_path, "run")          # steps 4 and 8 saved
   step_dir = tmp_path / "run" / "checkpoints" / "8"
@@ -401,7 +410,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_intact_one(tmp_path, damage
 
 
 def test_no_intact_checkpoint_is_one_line_and_moves_nothing(tmp_path):
-  config = _BASE.replace(num_steps=4, checkpoint_every=4)
+  config = _BASE.replace(num_steps=4, checkpoint={"every_steps": 4})
   _run(config, tmp_path, "run")
   _flip_one_bit(max((p for p in (tmp_path / "run" / "checkpoints" / "4").rglob("*")
                      if p.is_file()), key=lambda p: p.stat().st_size))

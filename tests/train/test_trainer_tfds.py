@@ -26,12 +26,12 @@ from tests.train.data._mock import numbered_mock
 # that the cases test the pipelines, not the convolutions (tests/models does;
 # ImageNet's train augmentation runs at a small image size).
 CASES = [
-    ("cifar10", (), dict(model="mlp", width=16)),
-    ("svhn_cropped", (), dict(model="mlp", width=16)),
-    ("mnist", (("view", "row"),), dict(model="rnn", width=16)),
-    ("imagenet_resized/32x32", (), dict(model="mlp", width=16)),
-    ("imagenet2012", (("image_size", 32), ("min_scale", 36), ("max_scale", 48),
-                      ("eval_resize", 36)), dict(model="mlp", width=16)),
+    ("cifar10", {}, {"name": "MLP", "hidden": 16}),
+    ("svhn_cropped", {}, {"name": "MLP", "hidden": 16}),
+    ("mnist", {"view": "row"}, {"name": "SequenceRNN", "hidden": 16}),
+    ("imagenet_resized/32x32", {}, {"name": "MLP", "hidden": 16}),
+    ("imagenet2012", {"image_size": 32, "min_scale": 36, "max_scale": 48, "eval_resize": 36},
+     {"name": "MLP", "hidden": 16}),
 ]
 
 
@@ -40,8 +40,9 @@ def test_trains_and_evaluates_on_mocked_tfds(dataset, options, model):
   streamed = dataset.startswith("imagenet")
   mock = lambda: (numbered_mock(32, imagenet_like) if streamed
                   else tfds.testing.mock_data(num_examples=48))
-  config = Config(dataset=dataset, dataset_options=options, batch_size=8, num_steps=3,
-                  optimizer="momentum", lr=0.01, log_every=1, seed=1, **model)
+  config = Config(data={"name": dataset, **options}, batch_size=8, num_steps=3,
+                  optimizer={"name": "sgd", "learning_rate": 0.01, "momentum": 0.9},
+                  log_every=1, seed=1, model=model)
   with mock():
     result = trainer.train(config, print_fn=lambda *a, **k: None)
   assert result.final_step == 3
@@ -50,7 +51,7 @@ def test_trains_and_evaluates_on_mocked_tfds(dataset, options, model):
   assert 0.0 <= result.eval_metrics["top1"] <= 1.0
   # The update did something: some parameter differs from the initialisation.
   with mock():
-    info = data.dataset_info(dataset, **dict(options))
+    info = data.dataset_info(dataset, **options)
   init = nnx.to_pure_dict(nnx.state(model_zoo.build(config, info, nnx.Rngs(config.seed)),
                                     nnx.Param))
   changed = jax.tree.leaves(jax.tree.map(

