@@ -86,7 +86,7 @@ def polish(y, dtype):
 
       Y <- Y (3I - Y^T Y) / 2,
 
-  by :func:`polar_newton_schulz` until the predicted defect
+  by ``polar_newton_schulz`` (this module) until the predicted defect
   ``3/4 ||Y^T Y - I||_F^2`` is below the unit roundoff ``u`` of ``dtype``:
   one step (two ``n x p x p`` products) for a defect up to ``sqrt(4u/3)``
   (0.07 in bfloat16), two for the larger ones an infeasible method such as
@@ -164,7 +164,7 @@ class Stiefel(Manifold):
   Args:
     retraction: "qr" (default), "cayley", "polar" or "newton_schulz".
     metric: "euclidean" (default; the embedded metric) or "canonical" — only
-      changes :meth:`egrad_to_rgrad`.
+      changes :meth:`~Manifold.egrad_to_rgrad`.
     cayley_iterations: None for the exact Cayley transform, or the number of
       Li et al. fixed-point iterations (2 in the paper).
     ns_steps: most cubic Newton–Schulz steps of the "newton_schulz" retraction.

@@ -164,8 +164,9 @@ class ResNet(nnx.Module):
     rngs: ``nnx.Rngs`` with a ``params`` stream.
 
   Attributes:
-    stem: the 7×7/2 Unit; ``layers``: ``nnx.List`` of stages, each an
-    ``nnx.List`` of blocks; ``classifier``: ``nnx.Linear``.
+    stem: the 7×7/2 :class:`~orthojax.models.Unit`.
+    layers: ``nnx.List`` of stages, each an ``nnx.List`` of blocks.
+    classifier: ``nnx.Linear``.
 
   Raises:
     ValueError: unknown ``depth`` or ``norm`` (the message lists the choices).

@@ -95,10 +95,10 @@ class Unit(nnx.Module):
   (``nnx.Conv``/``nnx.Linear``, ``WeightNormConv``/``WeightNormDense`` or
   ``GmPConv``/``GmPDense``), ``norm`` (``nnx.BatchNorm``,
   ``MeanOnlyBatchNorm`` or None). GmP layers apply φ themselves
-  (``r ⊙ φ(·)``), so :attr:`act` is None for them.
+  (``r ⊙ φ(·)``), so the unit's ``act`` is None for them.
 
   Args:
-    variant: one of :data:`VARIANTS`.
+    variant: ``"sp"``, ``"wn"``, ``"wn_mbn"``, ``"bn"``, ``"gmp"`` or ``"gmp_imn"``.
     in_features, out_features: channels (or features).
     kernel_size: conv window, e.g. ``(3, 3)``; None for a dense unit.
     strides: conv strides.

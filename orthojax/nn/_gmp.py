@@ -305,8 +305,8 @@ class GmPConv(_GmPBase):
     padding: ``"SAME"`` (default), ``"VALID"``, an int, or (low, high) pairs.
     kernel_dilation: int or one per spatial axis.
     feature_group_count: grouped convolution (fan-in is ``prod(k)·in/groups``).
-    activation, init_direction, init_radius, use_offset, dtype, param_dtype,
-    precision, rngs: as in :class:`GmPDense`.
+    activation, init_direction, init_radius, use_offset: as in :class:`GmPDense`.
+    dtype, param_dtype, precision, rngs: as in :class:`GmPDense`.
 
   Raises:
     ValueError: as :class:`GmPDense`, plus bad ``kernel_size``, ``strides``,

@@ -611,8 +611,9 @@ class OrthogonalConv(_OrthogonalBase):
     padding: ``"SAME"`` (default), ``"VALID"``, an int, or (low, high) pairs.
     kernel_dilation: int or one per spatial axis.
     feature_group_count: grouped convolution (fan-in ``prod(k)·in/groups``).
-    parametrization, num_reflections, init, gain, learn_gain, use_bias,
-    dtype, param_dtype, precision, rngs: as in :class:`OrthogonalDense`.
+    parametrization, num_reflections, init, gain: as in :class:`OrthogonalDense`.
+    learn_gain, use_bias, dtype, param_dtype, precision, rngs: as in
+      :class:`OrthogonalDense`.
 
   Raises:
     ValueError: as :class:`OrthogonalDense`, plus bad ``kernel_size``,
