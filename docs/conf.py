@@ -76,6 +76,16 @@ napoleon_use_rtype = False
 napoleon_use_ivar = True           # "Attributes:" of NamedTuples without duplicating fields
 napoleon_attr_annotations = True
 
+# Flax NNX modules and Variables are built through their metaclass's ``__call__(*args,
+# **kwargs)``, which autodoc would show as every layer's signature; show
+# ``__init__``'s instead, as for any class (Sphinx keeps this list privately,
+# for ``enum``'s metaclass; the docs extra pins Sphinx to 9.0.x).
+from sphinx.ext.autodoc._dynamic import _signatures  # noqa: E402  pylint: disable=g-import-not-at-top
+
+_signatures._METACLASS_CALL_BLACKLIST = (  # pylint: disable=protected-access
+    _signatures._METACLASS_CALL_BLACKLIST  # pylint: disable=protected-access
+    | {"flax.nnx.pytreelib.PytreeMeta.__call__", "flax.nnx.variablelib.VariableMeta.__call__"})
+
 # -- MyST ---------------------------------------------------------------------
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3
@@ -111,3 +121,39 @@ nitpick_ignore_regex = [(role, pattern) for role in ("py:class", "py:obj", "py:d
 html_theme = "furo"
 html_title = f"orthojax {release}"
 html_static_path: list[str] = []
+
+
+# -- References from orthojax's private modules ----------------------------------
+# The library's public modules re-export names defined in private ones
+# (``orthojax.linalg._cayley.cayley_transform`` is documented as
+# ``orthojax.linalg.cayley_transform``), and a private module's overview
+# docstring, shown on the API page of its public module, says
+# :func:`cayley_transform`. Such a reference is resolved to the public name
+# when one is documented; anything else stays unresolved and fails the build.
+def _public_candidates(modname: str, target: str) -> list[str]:
+  parts = modname.split(".") if modname else []
+  candidates = []
+  while parts:
+    public = ".".join(p for p in parts if not p.startswith("_"))
+    candidates.append(f"{public}.{target}")
+    parts = parts[:-1]
+  if target.startswith("orthojax."):
+    mod, _, name = target.rpartition(".")
+    candidates.append(".".join(p for p in mod.split(".") if not p.startswith("_")) + "." + name)
+  return candidates
+
+
+def _resolve_private_reference(app, env, node, contnode):
+  if node.get("refdomain") != "py":
+    return None
+  domain = env.get_domain("py")
+  target = node["reftarget"].lstrip("~.")
+  for candidate in _public_candidates(node.get("py:module") or "", target):
+    if candidate in domain.objects or candidate in domain.modules:
+      return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], candidate,
+                                 node, contnode)
+  return None
+
+
+def setup(app):
+  app.connect("missing-reference", _resolve_private_reference)

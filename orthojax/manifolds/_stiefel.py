@@ -12,6 +12,7 @@ Tangent space at W: {V : W^T V + V^T W = 0}.
   it is idempotent only on the normal space's complement; transport always
   uses the Euclidean projection.)
 * Retractions of a tangent V at W:
+
   - ``"qr"``: ``qf(W + V)``, the sign-fixed Q factor;
   - ``"polar"``: ``polar(W + V) = U V^T`` of the SVD (the metric projection);
   - ``"newton_schulz"``: the same polar factor by cubic Newton–Schulz steps
@@ -33,6 +34,7 @@ Tangent space at W: {V : W^T V + V^T W = 0}.
     n >= 2p, densely otherwise; with ``cayley_iterations=k`` by Li et al.'s
     fixed point (matmuls only, approximately orthogonal: see
     :func:`orthojax.linalg.cayley_transform`).
+
 * Transport: projection onto the new tangent space (base class).
 * Parameters stored in bfloat16/float16: the maths runs in float32, and the
   Cayley retraction's result is passed through :func:`polish` (Newton–Schulz

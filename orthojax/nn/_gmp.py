@@ -17,7 +17,7 @@ perturbation of ``w`` can turn the boundary by up to π when ``‖w‖`` is smal
 
 Layers and cost: :class:`GmPDense` and :class:`GmPConv` assemble the
 direction matrix ``U`` once per call — O(fan_in · fan_out), see
-:mod:`orthojax.nn._hyperspherical` for the stable float32 evaluation — then
+``orthojax.nn._hyperspherical`` for the stable float32 evaluation — then
 run one matmul / convolution, so a layer costs O(mn) like ``nnx.Linear`` /
 ``nnx.Conv``. The paper applies GmP to every layer but the output layer
 (keep that an ``nnx.Linear``) and puts Input Mean Normalization

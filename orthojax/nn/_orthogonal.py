@@ -45,7 +45,7 @@ Parametrizations (``A`` is the skew matrix whose strictly-upper triangle is
   sequence (latency-bound on accelerators for large ``k``).
 * ``"givens"``: ``Q = R_m ⋯ R_2 R_1 D``, one rotation per pair ``i < j``
   (n(n−1)/2 angles) grouped into ``m`` rounds of disjoint pairs by the
-  round-robin tournament (circle) schedule — see :func:`givens_rounds`;
+  round-robin tournament (circle) schedule — see ``givens_rounds``;
   the rotations inside a round commute and run as one vectorised gather.
   The rotation of pair ``(i, j)`` by ``t`` maps ``e_i ↦ cos t e_i + sin t
   e_j``, ``e_j ↦ −sin t e_i + cos t e_j``. Cost per call O(n² p) in ``m =
