@@ -33,7 +33,7 @@ from orthojax import models
 
 SUITE = "resnet"
 TARGET = Target("<=", 1.3, backends=("cpu",))
-NORMS = ("bn", "gmp_imn", "wn_mbn")
+NORMS = tuple(n for n in models.ResNet.NORMS if n != "none")
 
 
 def _train_step(model: nnx.Module, tx: optax.GradientTransformation):

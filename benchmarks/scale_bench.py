@@ -27,6 +27,7 @@ gmp_imn / bn ≤ 1.05 in FLOPs and bytes; 4-way fsdp argument bytes ≤ 0.3 × d
 
 from __future__ import annotations
 
+import json
 import math
 import pathlib
 from typing import Any, Callable
@@ -167,10 +168,13 @@ def _cuda_plugin() -> bool:
   return True
 
 
-def run(quick: bool = False, on_report: Callable[[str, aot.CompileReport], None] | None = None
-        ) -> list[Row]:
+def run(quick: bool = False, on_report: Callable[[str, aot.CompileReport], None] | None = None,
+        only: str | None = None) -> list[Row]:
+  """Compile every case (``only``: those whose name contains it) into rows."""
   rows = []
-  for name, config, topo, how in _cases(quick):
+  for name, config, topo, how in _cases(quick and not only):
+    if only and only not in name:
+      continue
     optimizer = conv_optimizer(how["optimizer"], config) if "optimizer" in how else None
     report = aot.compile_for(config, topo, num_slices=how.get("num_slices"),
                              optimizer=optimizer)
@@ -246,11 +250,18 @@ def main(argv: list[str] | None = None) -> None:
   import argparse  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(prog="python -m benchmarks.scale_bench")
   parser.add_argument("--quick", action="store_true", help="the first four cases only")
+  parser.add_argument("--only", help="only the cases whose name contains this string")
+  parser.add_argument("--report_dir", type=pathlib.Path,
+                      help="also write each case's compile_report.json under this folder")
   args = parser.parse_args(argv)
   def note(name: str, report: aot.CompileReport) -> None:
     print(f"{name}:\n{report.table()}\n", flush=True)
+    if args.report_dir:
+      args.report_dir.mkdir(parents=True, exist_ok=True)
+      (args.report_dir / (name.replace(" ", "_").replace(":", "-") + ".json")).write_text(
+          json.dumps(report.to_json(), indent=1, default=str))
 
-  rows = run(args.quick, on_report=note)
+  rows = run(args.quick, on_report=note, only=args.only)
   for r in rows:
     print(f"{r.case}: {r.value:.4g} {r.unit} {r.target} {r.status} {r.note}")
   print("\n" + markdown(REPORTS, ANALYTIC))

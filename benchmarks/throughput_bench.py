@@ -37,6 +37,7 @@ from benchmarks._harness import Target
 from benchmarks._harness import ratio
 from benchmarks._harness import row
 from benchmarks._harness import time_fns
+from orthojax import models
 from orthojax.train import losses
 from orthojax.train import model_zoo
 from orthojax.train import optimizers
@@ -48,7 +49,7 @@ from orthojax.train.step import make_train_step
 SUITE = "throughput"
 AT_LEAST_RECIPE = Target(">=", 1.0)
 AT_LEAST_90 = Target(">=", 0.9)
-NORMS = ("bn", "gmp_imn", "wn_mbn")
+NORMS = tuple(n for n in models.ResNet.NORMS if n != "none")
 FLAGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "flags"
 
 

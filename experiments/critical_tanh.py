@@ -61,10 +61,11 @@ from absl import flags
 import numpy as np
 
 from experiments import _harness
+from orthojax import models
 from orthojax.train import data as data_lib
 from orthojax.train.config import MANIFOLD_OPTIMIZERS
 
-WEIGHT_KINDS = ("euclidean", "stiefel", "oblique")
+WEIGHT_KINDS = models.DeepMLP.WEIGHTS
 PAPER_RHO = {"cross_entropy": 0.64, "mse": 0.81}
 
 _harness.define_flags()

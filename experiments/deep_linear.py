@@ -72,9 +72,10 @@ from absl import app
 from absl import flags
 
 from experiments import _harness
+from orthojax import models
 from orthojax.train.config import ConfigError
 
-INITS = ("orthogonal", "gaussian")
+INITS = models.DeepLinear.INITS
 LR_SCALINGS = ("inverse_depth", "constant")
 # The paper reports its depth sweep as a figure only (Saxe et al. 2014, MNIST;
 # seed Figure 2): no number to print beside ours.

@@ -84,11 +84,12 @@ from etils import epath
 import numpy as np
 
 from experiments import _harness
+from orthojax import models
 from orthojax.train import flags as train_flags
 from orthojax.train.config import ConfigError
 
 TOYS = ("levy", "banana")
-VARIANTS = ("sp", "wn", "bn", "gmp")
+VARIANTS = models.MLP.VARIANTS
 WIDTH = {"levy": 100, "banana": 10}          # hidden units (paper, Fig. 2 and 3)
 BN_EPSILON = 1e-3                             # orthojax.models.MLP's BatchNorm ε
 WN_EPSILON = 1e-12                            # WeightNormDense's ε

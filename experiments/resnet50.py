@@ -64,8 +64,8 @@ from absl import app
 from absl import flags
 
 from experiments import _harness
+from orthojax import models
 
-NORMS = ("bn", "wn_mbn", "gmp_imn", "none")
 # GmP paper Table 1: single centre-crop validation accuracy (%), top-1 / top-5.
 PAPER = {"wn_mbn": (72.58, 90.77), "bn": (73.63, 91.11), "gmp_imn": (75.57, 92.68)}
 FLAX_BN_TOP1 = (76.1, 76.7)     # Flax examples/imagenet, ResNet-50 with BN
@@ -159,8 +159,8 @@ def main(argv):
   if not base.model.startswith("resnet"):
     _harness.fail(f"--model={base.model}: E1 trains a ResNet (resnet18, resnet34, resnet50, "
                   f"resnet101)")
-  if base.variant not in NORMS:
-    _harness.fail(f"--variant={base.variant}: E1 variants are {', '.join(NORMS)} (Table 1: "
+  if base.variant not in models.ResNet.NORMS:
+    _harness.fail(f"--variant={base.variant}: E1 variants are {', '.join(models.ResNet.NORMS)} (Table 1: "
                   f"bn, wn_mbn, gmp_imn)")
   run = _harness.Run(tags=(("model", base.model), ("variant", base.variant)), config=base)
   if _harness.compile_only():

@@ -77,6 +77,7 @@ from absl import app
 from absl import flags
 
 from experiments import _harness
+from orthojax import analysis
 from orthojax.train.config import ConfigError
 
 VARIANTS = ("glorot", "orthogonal", "orthogonal_gain", "orthogonal_gain_so",
@@ -88,7 +89,7 @@ SEED_NAMES = {"glorot": "NoOrthogonal", "orthogonal": "Orthogonal_NoReg",
 PENALISED = {"orthogonal_gain_so": "so", "orthogonal_gain_adj_so": "gain_adjusted_so"}
 SEQUENCE_VIEWS = ("row", "pixel", "permuted")
 LEAF = "recurrent_kernel"            # the SequenceRNN's W_rec in the params pure dict
-SV_STATS = ("sv_mean", "sv_std", "sv_min", "sv_max")
+SV_STATS = analysis.SV_STATS
 METRICS = ("final validation accuracy (%)", "test accuracy (%)",
            "final σ mean", "final σ std", "final σ min", "final σ max")
 # The seed reports its sequential-MNIST results as figures only (Figures 7 and 8):

@@ -41,10 +41,11 @@ from absl import app
 from absl import flags
 
 from experiments import _harness
+from orthojax import models
 from orthojax.train import data as data_lib
 
 DATASETS = ("boston", "concrete", "energy", "power", "wine", "yacht")
-VARIANTS = ("sp", "wn", "bn", "gmp")
+VARIANTS = models.MLP.VARIANTS   # GmP Table 3 columns, in its order
 # GmP paper Table 3: test RMSE, SP / WN / BN / GmP.
 PAPER = {
     "boston": (3.370, 3.459, 3.469, 3.057),

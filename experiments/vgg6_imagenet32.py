@@ -55,9 +55,10 @@ from absl import flags
 
 from experiments import _harness
 from experiments import resnet50 as e1
+from orthojax import models
 from orthojax.train.config import ConfigError
 
-VARIANTS = ("sp", "wn", "wn_mbn", "bn", "gmp", "gmp_imn")
+VARIANTS = models.VGG6.VARIANTS   # GmP Table 2 rows, in its order
 GMP_VARIANTS = ("gmp", "gmp_imn")
 BATCH_SIZES = (256, 512, 1024)
 # GmP paper Table 2: variant -> {batch: (top-1, top-5)} validation accuracy (%).

@@ -57,6 +57,7 @@ from orthojax.analysis._plots import plot_fisher_vs_jacobian
 from orthojax.analysis._plots import plot_jacobian_spectrum
 from orthojax.analysis._plots import plot_singular_value_bands
 from orthojax.analysis._spectrum import STATS
+from orthojax.analysis._spectrum import SV_STATS
 from orthojax.analysis._spectrum import matrix_stats
 from orthojax.analysis._spectrum import spectrum_hook
 from orthojax.analysis._spectrum import spectrum_stats
@@ -75,6 +76,7 @@ __all__ = [
     "LanczosResult",
     "PowerResult",
     "STATS",
+    "SV_STATS",
     "SpectralDensity",
     "chi",
     "critical_line",

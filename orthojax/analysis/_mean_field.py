@@ -54,13 +54,12 @@ from typing import NamedTuple
 import numpy as np
 
 from orthojax.nn import check_choice
+from orthojax.nn.initializers import CRITICAL_INITS
 from orthojax.nn.initializers import critical_point
 from orthojax.nn.initializers import gaussian_expectation
 from orthojax.nn.initializers import q_map
 from orthojax.nn.initializers import q_star as fixed_point
 from orthojax.nn.initializers import resolve_activation
-
-WEIGHTS = ("orthogonal", "gaussian")
 
 
 def q_recursion(q0: float, sigma_w: float, sigma_b: float, activation, depth: int,
@@ -178,7 +177,7 @@ def jacobian_spectrum_moments(activation, depth: int, *, weights: str = "orthogo
     Pennington, Schoenholz & Ganguli, NeurIPS 2017, eq. (13)–(17) and Table 1.
   """
   who = "jacobian_spectrum_moments"
-  check_choice(weights, WEIGHTS, "weights", where=who)
+  check_choice(weights, CRITICAL_INITS, "weights", where=who)
   if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 1:
     raise ValueError(f"{who}: depth must be an int >= 1, got {depth!r}")
   act = resolve_activation(activation)

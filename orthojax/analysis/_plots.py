@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-_BAND_STATS = ("sv_mean", "sv_std", "sv_min", "sv_max")
+from orthojax.analysis._spectrum import SV_STATS
 
 
 def _figure(figsize):
@@ -105,7 +105,7 @@ def plot_singular_value_bands(records: Mapping[str, Any], path: str | os.PathLik
   """
   if not records:
     raise ValueError("plot_singular_value_bands: records is empty")
-  stat_keys = [f"{leaf}/{s}" if leaf else s for s in _BAND_STATS]
+  stat_keys = [f"{leaf}/{s}" if leaf else s for s in SV_STATS]
   data = {name: _columns(rows, [x_key] + stat_keys, name) for name, rows in records.items()}
   n = len(data)
   ncols = min(n, 4) if ncols is None else max(1, int(ncols))

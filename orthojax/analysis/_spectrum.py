@@ -47,8 +47,10 @@ from orthojax import linalg
 from orthojax.analysis._compile import compiled_call
 from orthojax.nn import matrix_views
 
-STATS = ("sv_mean", "sv_std", "sv_min", "sv_max", "cond", "gain", "defect",
-         "defect_normalized")
+SV_STATS = ("sv_mean", "sv_std", "sv_min", "sv_max")
+"""The singular-value statistics: mean, standard deviation, smallest, largest."""
+STATS = (*SV_STATS, "cond", "gain", "defect", "defect_normalized")
+"""Every statistic :func:`spectrum_stats` records."""
 
 
 def path_name(path: tuple[Any, ...]) -> str:

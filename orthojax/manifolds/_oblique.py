@@ -21,8 +21,6 @@ import jax.numpy as jnp
 
 from orthojax.manifolds._base import Manifold, gaussian
 
-_RETRACTIONS = ("exp", "normalize")
-
 
 def _col_dot(a, b):
   return jnp.sum(a * b, axis=-2, keepdims=True)
@@ -35,9 +33,12 @@ class Oblique(Manifold):
     retraction: "exp" (the sphere's exponential map; default) or "normalize".
   """
 
+  RETRACTIONS = ("exp", "normalize")
+  """Accepted ``retraction`` names."""
+
   def __init__(self, retraction: str = "exp"):
-    if retraction not in _RETRACTIONS:
-      raise ValueError(f"Oblique: unknown retraction={retraction!r}; choose one of {_RETRACTIONS}")
+    if retraction not in self.RETRACTIONS:
+      raise ValueError(f"Oblique: unknown retraction={retraction!r}; choose one of {self.RETRACTIONS}")
     self.retraction = retraction
 
   def _project(self, w, v):

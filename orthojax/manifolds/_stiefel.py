@@ -51,9 +51,6 @@ import jax.numpy as jnp
 from orthojax import linalg
 from orthojax.manifolds._base import Manifold, gaussian
 
-_RETRACTIONS = ("qr", "cayley", "polar", "newton_schulz")
-_METRICS = ("euclidean", "canonical")
-
 
 def cayley_generator(w, v, dense: bool | None = None):
   """The skew ``A`` with ``A W = P_W(V)`` (Wen & Yin 2013), low-rank or dense.
@@ -174,13 +171,18 @@ class Stiefel(Manifold):
       ``sqrt(p)`` times the dtype's epsilon).
   """
 
+  RETRACTIONS = ("qr", "cayley", "polar", "newton_schulz")
+  """Accepted ``retraction`` names."""
+  METRICS = ("euclidean", "canonical")
+  """Accepted ``metric`` names."""
+
   def __init__(self, retraction: str = "qr", metric: str = "euclidean",
                cayley_iterations: int | None = None, ns_steps: int = 12,
                ns_tol: float | None = None):
-    if retraction not in _RETRACTIONS:
-      raise ValueError(f"Stiefel: unknown retraction={retraction!r}; choose one of {_RETRACTIONS}")
-    if metric not in _METRICS:
-      raise ValueError(f"Stiefel: unknown metric={metric!r}; choose one of {_METRICS}")
+    if retraction not in self.RETRACTIONS:
+      raise ValueError(f"Stiefel: unknown retraction={retraction!r}; choose one of {self.RETRACTIONS}")
+    if metric not in self.METRICS:
+      raise ValueError(f"Stiefel: unknown metric={metric!r}; choose one of {self.METRICS}")
     if cayley_iterations is not None and int(cayley_iterations) < 1:
       raise ValueError(f"Stiefel: cayley_iterations must be None or >= 1, got {cayley_iterations}")
     if int(ns_steps) < 1:

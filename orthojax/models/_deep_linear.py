@@ -38,7 +38,7 @@ from flax import nnx
 from flax.nnx.nn import dtypes
 
 from orthojax.linalg import MatrixView
-from orthojax.models._deep_mlp import INITS
+from orthojax.models._deep_mlp import DeepMLP
 from orthojax.nn import check_choice
 from orthojax.nn import initializers
 from orthojax.nn import sharding
@@ -69,10 +69,13 @@ class DeepLinear(nnx.Module):
     ValueError: unknown ``init``, or too small a ``depth``.
   """
 
+  INITS = DeepMLP.INITS
+  """Accepted ``init`` names (those of :class:`DeepMLP`)."""
+
   def __init__(self, depth: int, width: int, in_features: int | None = None,
                out_features: int | None = None, *, init: str = "gaussian", scale: float = 1.0,
                dtype: Any = None, param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
-    check_choice(init, INITS, "init", where="DeepLinear")
+    check_choice(init, self.INITS, "init", where="DeepLinear")
     depth, width = int(depth), int(width)
     has_in = in_features is not None and int(in_features) != width
     has_out = out_features is not None and int(out_features) != width

@@ -80,8 +80,6 @@ def _identity(x):
   return x
 
 
-INITS = ("gaussian", "orthogonal")
-WEIGHTS = ("euclidean", "stiefel", "oblique")
 _MANIFOLDS = {"stiefel": (manifolds.Stiefel, StiefelParam),
               "oblique": (manifolds.Oblique, ObliqueParam)}
 
@@ -193,14 +191,19 @@ class DeepMLP(nnx.Module):
       or no critical point for the given ``q_star`` / ``sigma_b``.
   """
 
+  INITS = initializers.CRITICAL_INITS
+  """Accepted ``init`` names: the weight distribution of the critical initialisation."""
+  WEIGHTS = ("euclidean", "stiefel", "oblique")
+  """Accepted ``weights`` names: where the hidden weights live."""
+
   def __init__(self, in_features: int, depth: int, width: int, out_features: int, *,
                activation: str | Callable = "tanh", q_star: float | None = None,
                sigma_w: float | None = None, sigma_b: float | None = None,
                init: str = "gaussian", weights: str = "euclidean", learn_scale: bool = True,
                dtype: Any = None, param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
     self.activation = activation_phi(activation, "DeepMLP")
-    check_choice(init, INITS, "init", where="DeepMLP")
-    check_choice(weights, WEIGHTS, "weights", where="DeepMLP")
+    check_choice(init, self.INITS, "init", where="DeepMLP")
+    check_choice(weights, self.WEIGHTS, "weights", where="DeepMLP")
     if int(depth) < 1:
       raise ValueError(f"DeepMLP: depth must be >= 1, got {depth}")
     depth, width = int(depth), int(width)

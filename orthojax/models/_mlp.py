@@ -36,9 +36,6 @@ from orthojax.models._variants import linear
 from orthojax.nn import WeightNormDense
 from orthojax.nn import check_choice
 
-VARIANTS = ("sp", "wn", "bn", "gmp")
-"""Accepted ``variant`` names (GmP paper Table 3 columns)."""
-
 
 class MLP(nnx.Module):
   """One hidden layer of ``hidden`` units, then a dense output layer.
@@ -71,13 +68,16 @@ class MLP(nnx.Module):
     ValueError: unknown ``variant`` or ``activation``.
   """
 
+  VARIANTS = ("sp", "wn", "bn", "gmp")
+  """Accepted ``variant`` names (GmP paper Table 3 columns)."""
+
   def __init__(self, in_features: int, hidden: int = 100, out_features: int = 1, *,
                variant: str = "sp", activation: str | Callable = "relu", dtype: Any = None,
                param_dtype: Any = jnp.float32,
                kernel_init: Initializer = nnx.initializers.glorot_uniform(),
                gmp_init_direction: Any = "gaussian", gmp_init_radius: str = "one",
                momentum: float = 0.99, epsilon: float = 1e-3, rngs: nnx.Rngs):
-    check_choice(variant, VARIANTS, "variant")
+    check_choice(variant, self.VARIANTS, "variant", where="MLP")
     self.variant = variant
     self.hidden = Unit(variant, in_features, hidden, activation=activation, hidden_input=False,
                        kernel_init=kernel_init, gmp_init_direction=gmp_init_direction,

@@ -77,9 +77,6 @@ from orthojax.models._variants import Unit
 from orthojax.models._variants import linear
 from orthojax.nn import check_choice
 
-NORMS = ("bn", "wn_mbn", "gmp_imn", "none")
-"""Accepted ``norm`` names."""
-
 _UNIT_VARIANT = {"bn": "bn", "wn_mbn": "wn_mbn", "gmp_imn": "gmp_imn", "none": "sp"}
 
 LAYOUTS: dict[int, tuple[str, tuple[int, ...]]] = {
@@ -172,13 +169,16 @@ class ResNet(nnx.Module):
     ValueError: unknown ``depth`` or ``norm`` (the message lists the choices).
   """
 
+  NORMS = ("bn", "wn_mbn", "gmp_imn", "none")
+  """Accepted ``norm`` names."""
+
   def __init__(self, depth: int = 50, norm: str = "bn", num_classes: int = 1000, *,
                in_features: int = 3, dtype: Any = None, param_dtype: Any = jnp.float32,
                kernel_init: Initializer = nnx.initializers.lecun_normal(),
                gmp_init_direction: Any = "gaussian", gmp_init_radius: str = "one",
                momentum: float = 0.9, rngs: nnx.Rngs):
     check_choice(depth, tuple(LAYOUTS), "depth")
-    check_choice(norm, NORMS, "norm")
+    check_choice(norm, self.NORMS, "norm", where="ResNet")
     self.depth, self.norm, self.dtype = depth, norm, dtype
     variant = _UNIT_VARIANT[norm]
 

@@ -53,9 +53,6 @@ from orthojax.nn import check_choice
 from orthojax.nn import initializers
 from orthojax.nn import sharding
 
-RECURRENT_INITS = ("glorot", "orthogonal")
-RECURRENTS = ("euclidean", "stiefel")
-
 
 class SequenceRNN(nnx.Module):
   r"""Vanilla many-to-one RNN classifier, scanned over time.
@@ -86,12 +83,17 @@ class SequenceRNN(nnx.Module):
       or ``recurrent="stiefel"`` with ``recurrent_init="glorot"``.
   """
 
+  RECURRENT_INITS = ("glorot", "orthogonal")
+  """Accepted ``recurrent_init`` names."""
+  RECURRENTS = ("euclidean", "stiefel")
+  """Accepted ``recurrent`` names: where the recurrent kernel lives."""
+
   def __init__(self, input_size: int, hidden: int = 64, num_classes: int = 10, *,
                recurrent_init: str = "glorot", gain: float = 1.0, recurrent: str = "euclidean",
                activation: str | Callable = jnp.tanh, dtype: Any = None,
                param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
-    check_choice(recurrent_init, RECURRENT_INITS, "recurrent_init", where="SequenceRNN")
-    check_choice(recurrent, RECURRENTS, "recurrent", where="SequenceRNN")
+    check_choice(recurrent_init, self.RECURRENT_INITS, "recurrent_init", where="SequenceRNN")
+    check_choice(recurrent, self.RECURRENTS, "recurrent", where="SequenceRNN")
     if recurrent == "stiefel" and recurrent_init != "orthogonal":
       raise ValueError("SequenceRNN: recurrent='stiefel' keeps the recurrent kernel orthonormal "
                        "(times gain); use recurrent_init='orthogonal'")

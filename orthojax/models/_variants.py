@@ -55,9 +55,6 @@ from orthojax.nn import sharding
 
 Initializer = Callable[[jax.Array, Sequence[int], Any], jax.Array]
 
-VARIANTS = ("sp", "wn", "wn_mbn", "bn", "gmp", "gmp_imn")
-"""Every unit kind :class:`Unit` builds (each model accepts a subset)."""
-
 
 def _meta(names: tuple[str, ...]) -> dict[str, Any]:
   return sharding.metadata(names)
@@ -98,7 +95,7 @@ class Unit(nnx.Module):
   (``r ⊙ φ(·)``), so the unit's ``act`` is None for them.
 
   Args:
-    variant: ``"sp"``, ``"wn"``, ``"wn_mbn"``, ``"bn"``, ``"gmp"`` or ``"gmp_imn"``.
+    variant: one of :attr:`Unit.VARIANTS`.
     in_features, out_features: channels (or features).
     kernel_size: conv window, e.g. ``(3, 3)``; None for a dense unit.
     strides: conv strides.
@@ -120,6 +117,10 @@ class Unit(nnx.Module):
     ValueError: unknown ``variant`` or ``activation``.
   """
 
+  VARIANTS = ("sp", "wn", "wn_mbn", "bn", "gmp", "gmp_imn")
+  """Every unit kind this class builds (each model accepts a subset)."""
+
+
   def __init__(self, variant: str, in_features: int, out_features: int,
                kernel_size: Sequence[int] | None = None, strides: int | Sequence[int] = 1, *,
                padding: Any = None, activation: str | Callable | None = "relu",
@@ -128,7 +129,7 @@ class Unit(nnx.Module):
                gmp_init_direction: Any = "gaussian", gmp_init_radius: str = "one",
                momentum: float = 0.99, epsilon: float = 1e-5, dtype: Any = None,
                param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
-    check_choice(variant, VARIANTS, "variant")
+    check_choice(variant, self.VARIANTS, "variant", where="Unit")
     act = activation_fn(activation)
     self.variant = variant
     conv = kernel_size is not None

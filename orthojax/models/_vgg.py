@@ -64,9 +64,6 @@ from orthojax.models._variants import linear
 from orthojax.nn import WeightNormDense
 from orthojax.nn import check_choice
 
-VARIANTS = ("sp", "wn", "wn_mbn", "bn", "gmp", "gmp_imn")
-"""Accepted ``variant`` names (GmP paper Table 2 rows)."""
-
 
 class VGG6(nnx.Module):
   """VGG-6 (table in the module doc) for ``(batch, 32, 32, in_features)`` images.
@@ -101,13 +98,16 @@ class VGG6(nnx.Module):
     ValueError: unknown ``variant`` (the message lists the choices).
   """
 
+  VARIANTS = Unit.VARIANTS
+  """Accepted ``variant`` names (GmP paper Table 2 rows): every :class:`Unit` kind."""
+
   def __init__(self, variant: str = "gmp_imn", num_classes: int = 1000, *,
                in_features: int = 3, widths: Sequence[int] = (128, 256, 512),
                dtype: Any = None, param_dtype: Any = jnp.float32,
                kernel_init: Initializer = nnx.initializers.glorot_uniform(),
                gmp_init_direction: Any = "gaussian", gmp_init_radius: str = "one",
                momentum: float = 0.99, epsilon: float = 1e-3, rngs: nnx.Rngs):
-    check_choice(variant, VARIANTS, "variant")
+    check_choice(variant, self.VARIANTS, "variant", where="VGG6")
     self.variant, self.dtype = variant, dtype
     convs, cin = [], in_features
     for width in widths:

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from orthojax import linalg
-from orthojax.penalties import _tree
+from orthojax import penalties
 
 
 class AddOrthogonalityPenaltyState(NamedTuple):
@@ -30,6 +30,7 @@ def add_orthogonality_penalty(
     mask: Any = None,
     views: Any = None,
     reduction: str = "sum",
+    iterations: int = 2,
 ) -> optax.GradientTransformation:
   r"""Add the gradient of a soft-orthogonality penalty to the updates.
 
@@ -47,7 +48,7 @@ def add_orthogonality_penalty(
 
   Each leaf's gradient is computed on its own (``jax.grad`` of the penalty of
   that leaf), in the leaf's dtype; unconstrained leaves are left untouched.
-  ``"srip"`` is stateless here: each step runs its default 2 power
+  ``"srip"`` is stateless here: each step runs ``iterations`` power
   iterations from the fixed start vector.
 
   Bansal, Chen & Wang (NeurIPS 2018) *decay* the regularisation strength
@@ -69,6 +70,8 @@ def add_orthogonality_penalty(
       :func:`orthojax.penalties.tree_penalty`.
     reduction: ``"sum"`` or ``"mean"``, passed to a named penalty. A callable
       ``kind`` takes no reduction, so it must be left at ``"sum"``.
+    iterations: power iterations of ``"srip"``'s spectral-norm estimate
+      (Bansal et al. 2018 use 2); must stay 2 for every other kind.
 
   Returns:
     An ``optax.GradientTransformation``. Its state is ``optax.EmptyState()``
@@ -78,17 +81,19 @@ def add_orthogonality_penalty(
   Raises:
     ValueError: unknown ``kind`` or ``reduction``; ``gain != 1`` with a kind
       other than ``"gain_adjusted_so"``; ``reduction != "sum"`` with a
-      callable kind; non-positive ``gain``.
+      callable kind; non-positive ``gain``; ``iterations != 2`` with a kind
+      other than ``"srip"``, or ``iterations < 1``.
   """
-  fn = _tree.get_penalty(kind)
+  fn = penalties.get_penalty(kind)
   kwargs: dict[str, Any] = {}
   if callable(kind):
     if reduction != "sum":
       raise ValueError(f"reduction={reduction!r} only applies to named penalties; "
                        "a callable kind must apply its own reduction")
   else:
-    if reduction not in ("sum", "mean"):
-      raise ValueError(f"reduction must be one of ('sum', 'mean'), got reduction={reduction!r}")
+    if reduction not in penalties.REDUCTIONS:
+      raise ValueError(f"reduction must be one of {penalties.REDUCTIONS}, "
+                       f"got reduction={reduction!r}")
     kwargs["reduction"] = reduction
   if kind == "gain_adjusted_so":
     if not gain > 0:
@@ -96,6 +101,12 @@ def add_orthogonality_penalty(
     kwargs["gain"] = gain
   elif gain != 1.0:
     raise ValueError(f"gain={gain!r} only applies to kind='gain_adjusted_so', got kind={kind!r}")
+  if kind == "srip":
+    if int(iterations) < 1:
+      raise ValueError(f"iterations must be >= 1, got iterations={iterations!r}")
+    kwargs["iterations"] = int(iterations)
+  elif iterations != 2:
+    raise ValueError(f"iterations={iterations!r} only applies to kind='srip', got kind={kind!r}")
   scheduled = callable(strength)
 
   def init_fn(params):

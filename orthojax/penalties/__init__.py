@@ -4,6 +4,7 @@ from orthojax.penalties._penalties import dso
 from orthojax.penalties._penalties import gain_adjusted_so
 from orthojax.penalties._penalties import half_so
 from orthojax.penalties._penalties import mc
+from orthojax.penalties._penalties import REDUCTIONS
 from orthojax.penalties._penalties import so
 from orthojax.penalties._penalties import srip
 from orthojax.penalties._tree import PENALTIES
@@ -20,4 +21,5 @@ __all__ = [
     "tree_penalty",
     "get_penalty",
     "PENALTIES",
+    "REDUCTIONS",
 ]

@@ -13,6 +13,9 @@ import dataclasses
 import math
 from typing import Any
 
+from orthojax import penalties
+from orthojax.train.losses import LOSSES
+
 MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "vgg6", "mlp", "deep_mlp",
           "deep_linear", "rnn")
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw", "rsgd", "radam", "cayley_sgd",
@@ -20,8 +23,7 @@ OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw", "rsgd", "radam", "
 MANIFOLD_OPTIMIZERS = ("rsgd", "radam", "cayley_sgd", "cayley_adam", "landing")
 EUCLIDEAN_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "warmup_cosine", "step", "plateau")
-LOSSES = ("cross_entropy", "mse", "mae")
-PENALTIES = ("none", "so", "half_so", "dso", "mc", "srip", "gain_adjusted_so")
+PENALTIES = ("none", *penalties.PENALTIES)   # "none", or a kind of orthojax.penalties
 DTYPES = ("float32", "bfloat16")
 NAN_POLICIES = ("stop", "skip")
 EVAL_SPLITS = ("eval", "train", "validation", "test")

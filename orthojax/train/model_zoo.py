@@ -17,8 +17,6 @@ from orthojax import models
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
 
-_RESNET_NORMS = ("bn", "wn_mbn", "gmp_imn", "none")
-
 
 class Flatten(nnx.Module):
   """``model(scale · x.reshape(batch, -1))`` — for MLP-type models on image data.
@@ -74,8 +72,8 @@ def build(config: Config, info: Any, rngs: nnx.Rngs) -> nnx.Module:
   features = math.prod(info.input_shape)
   if name.startswith("resnet"):
     variant = variant if variant != "sp" else "bn"
-    if variant not in _RESNET_NORMS:
-      raise ConfigError(f"--variant={variant}: ResNet norms are {', '.join(_RESNET_NORMS)}")
+    if variant not in models.ResNet.NORMS:
+      raise ConfigError(f"--variant={variant}: ResNet norms are {', '.join(models.ResNet.NORMS)}")
     return models.ResNet(depth=int(name[len("resnet"):]), norm=variant, num_classes=out,
                          dtype=dtype, rngs=rngs)
   if name == "vgg6":

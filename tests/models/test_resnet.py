@@ -14,7 +14,6 @@ from flax import nnx
 from jax import lax
 
 from orthojax import models
-from orthojax.models._resnet import NORMS
 from orthojax.models._resnet import BasicBlock
 from orthojax.models._resnet import Bottleneck
 from orthojax.models._variants import Unit
@@ -161,14 +160,14 @@ def test_named_constructors_are_resnet_of_that_depth():
     assert build.__doc__.startswith(f"ResNet-{depth}")
 
 
-@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("norm", models.ResNet.NORMS)
 def test_resnet50_each_norm_maps_images_to_logits(abstract, norm):
   model, out = abstract(50, norm, apply=True)
   assert model.num_features == 2048
   assert out.shape == (3, 1000) and out.dtype == jnp.float32
 
 
-@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("norm", models.ResNet.NORMS)
 def test_resnet18_forward_is_finite(resnet18, norm):
   model = resnet18(norm)
   y = _forward(model, _images())
@@ -180,7 +179,7 @@ def test_resnet18_forward_is_finite(resnet18, norm):
 _NORM_LAYER = {"bn": nnx.BatchNorm, "wn_mbn": MeanOnlyBatchNorm, "gmp_imn": InputMeanNorm}
 
 
-@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("norm", models.ResNet.NORMS)
 def test_bfloat16_sharding_axes_and_modes(norm):
   def build_and_apply():
     model = models.ResNet18(norm, num_classes=5, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))

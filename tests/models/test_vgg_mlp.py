@@ -10,8 +10,6 @@ from flax import nnx
 from jax import lax
 
 from orthojax import models
-from orthojax.models._mlp import VARIANTS as MLP_VARIANTS
-from orthojax.models._vgg import VARIANTS as VGG_VARIANTS
 from orthojax.nn import GmPConv
 from orthojax.nn import GmPDense
 from orthojax.nn import InputMeanNorm
@@ -70,7 +68,7 @@ def test_vgg6_layout_and_parameter_count():
   assert _param_count(model) == conv + 512 * 1000 + 1000 == 5_089_384
 
 
-@pytest.mark.parametrize("variant", VGG_VARIANTS)
+@pytest.mark.parametrize("variant", models.VGG6.VARIANTS)
 def test_vgg6_each_variant_maps_32x32_images_to_logits(variant):
   model = _vgg(variant)
   y = _forward(model, _normal(0, 2, 32, 32, 3))
@@ -78,7 +76,7 @@ def test_vgg6_each_variant_maps_32x32_images_to_logits(variant):
   assert np.all(np.isfinite(y)) and float(jnp.max(jnp.abs(y[0] - y[1]))) > 0
 
 
-@pytest.mark.parametrize("variant", VGG_VARIANTS)
+@pytest.mark.parametrize("variant", models.VGG6.VARIANTS)
 def test_vgg6_variant_structure(variant):
   model = nnx.eval_shape(lambda: models.VGG6(variant, rngs=nnx.Rngs(0)))
   n_gmp = len(_modules(model, GmPConv))
@@ -135,7 +133,7 @@ def _mlp(variant, **kw):
                     gmp_init_direction=init, rngs=nnx.Rngs(0), **kw)
 
 
-@pytest.mark.parametrize("variant", MLP_VARIANTS)
+@pytest.mark.parametrize("variant", models.MLP.VARIANTS)
 def test_mlp_each_variant_shape_and_structure(variant):
   model = _mlp(variant)
   y = model(_normal(3, 5, 7))

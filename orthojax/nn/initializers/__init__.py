@@ -15,6 +15,7 @@ from orthojax.nn.initializers._mean_field import gaussian_expectation
 from orthojax.nn.initializers._mean_field import q_map
 from orthojax.nn.initializers._mean_field import q_star
 from orthojax.nn.initializers._mean_field import resolve_activation
+from orthojax.nn.initializers._orthogonal import CRITICAL_INITS
 from orthojax.nn.initializers._orthogonal import critical
 from orthojax.nn.initializers._orthogonal import critical_gaussian
 from orthojax.nn.initializers._orthogonal import critical_orthogonal
@@ -25,6 +26,7 @@ from orthojax.nn.initializers._orthogonal import variance_scaling
 
 __all__ = [
     "ACTIVATIONS",
+    "CRITICAL_INITS",
     "Activation",
     "chi",
     "critical",

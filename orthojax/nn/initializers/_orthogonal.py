@@ -58,6 +58,10 @@ from orthojax.nn.initializers import _mean_field
 
 Initializer = Callable[..., jax.Array]
 
+CRITICAL_INITS = ("gaussian", "orthogonal")
+"""Weight distributions of a critical initialisation: :func:`critical_gaussian`,
+:func:`critical_orthogonal`."""
+
 
 def _default_dtype(dtype):
   return jnp.dtype(jnp.float32) if dtype is None else jnp.dtype(dtype)
