@@ -1,7 +1,7 @@
 """Cayley transforms: exact (dense solve or low-rank Woodbury) and iterative.
 
 For a skew-symmetric generator ``A`` (n x n) and a step ``tau``, the Cayley
-curve through ``X`` is
+curve through ``X`` is::
 
     Y(tau) = (I - tau/2 A)^{-1} (I + tau/2 A) X,       dY/dtau |_0 = A X.
 

@@ -133,7 +133,7 @@ class Layout:
 
   @property
   def p(self) -> int:
-    """Columns of the tall matrix (the smaller side): the number of constraints' rows."""
+    """The number of columns of the tall matrix (its smaller side), min(fan_in, fan_out)."""
     return min(self.fan_in, self.fan_out)
 
   def to_matrix(self, x: jnp.ndarray) -> jnp.ndarray:

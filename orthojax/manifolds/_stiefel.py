@@ -12,6 +12,7 @@ Tangent space at W: {V : W^T V + V^T W = 0}.
   it is idempotent only on the normal space's complement; transport always
   uses the Euclidean projection.)
 * Retractions of a tangent V at W:
+
   - ``"qr"``: ``qf(W + V)``, the sign-fixed Q factor;
   - ``"polar"``: ``polar(W + V) = U V^T`` of the SVD (the metric projection);
   - ``"newton_schulz"``: the same polar factor by cubic Newton–Schulz steps
@@ -33,6 +34,7 @@ Tangent space at W: {V : W^T V + V^T W = 0}.
     n >= 2p, densely otherwise; with ``cayley_iterations=k`` by Li et al.'s
     fixed point (matmuls only, approximately orthogonal: see
     :func:`orthojax.linalg.cayley_transform`).
+
 * Transport: projection onto the new tangent space (base class).
 * Parameters stored in bfloat16/float16: the maths runs in float32, and the
   Cayley retraction's result is passed through :func:`polish` (Newton–Schulz
@@ -83,7 +85,7 @@ def polish(y, dtype):
 
       Y <- Y (3I - Y^T Y) / 2,
 
-  by :func:`polar_newton_schulz` until the predicted defect
+  by ``polar_newton_schulz`` (this module) until the predicted defect
   ``3/4 ||Y^T Y - I||_F^2`` is below the unit roundoff ``u`` of ``dtype``:
   one step (two ``n x p x p`` products) for a defect up to ``sqrt(4u/3)``
   (0.07 in bfloat16), two for the larger ones an infeasible method such as
@@ -161,7 +163,7 @@ class Stiefel(Manifold):
   Args:
     retraction: "qr" (default), "cayley", "polar" or "newton_schulz".
     metric: "euclidean" (default; the embedded metric) or "canonical" — only
-      changes :meth:`egrad_to_rgrad`.
+      changes :meth:`~Manifold.egrad_to_rgrad`.
     cayley_iterations: None for the exact Cayley transform, or the number of
       Li et al. fixed-point iterations (2 in the paper).
     ns_steps: most cubic Newton–Schulz steps of the "newton_schulz" retraction.

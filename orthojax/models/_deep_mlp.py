@@ -160,7 +160,9 @@ class DeepMLP(nnx.Module):
     scales: ``(depth,)`` per-layer ``s`` (None for Euclidean weights).
     readout: the Euclidean ``nnx.Linear(width, out_features)``, kernel
       ``N(0, 1/width)``, zero bias.
-    sigma_w, sigma_b: the initialisation scales used; ``q_star`` as given.
+    sigma_w: the initialisation scale ``σ_w`` used.
+    sigma_b: the initialisation scale ``σ_b`` used.
+    q_star: as given.
 
   Args:
     in_features: input size (CIFAR-10 flattened: 3072).
@@ -171,8 +173,10 @@ class DeepMLP(nnx.Module):
       ``"hard_tanh"``, ``"erf"``, ``"relu"``, ``"linear"`` …), an
       elementwise jax-traceable callable, or a pair ``(φ, φ')`` (``φ'`` is
       used only for the critical point).
-    q_star: the fixed point of the critical initialisation; see
-      :func:`resolve_sigmas` for how it combines with ``sigma_w``/``sigma_b``.
+    q_star: the fixed point of the critical initialisation
+      (:func:`orthojax.nn.initializers.critical`); give it or
+      ``sigma_w``/``sigma_b``, not both. With neither, ``σ_w`` is the critical
+      one for ``σ_b`` (default 0; :func:`orthojax.nn.initializers.critical_line`).
     sigma_w, sigma_b: explicit initialisation scales.
     init: ``"gaussian"`` or ``"orthogonal"``.
     weights: ``"euclidean"``, ``"stiefel"`` or ``"oblique"``.

@@ -60,9 +60,9 @@ class MLP(nnx.Module):
     rngs: ``nnx.Rngs``.
 
   Attributes:
-    hidden: the hidden :class:`orthojax.models._variants.Unit` (its ``layer``
-    is the ``nnx.Linear`` / ``WeightNormDense`` / ``GmPDense``); ``out``: the
-    output layer.
+    hidden: the hidden :class:`orthojax.models.Unit` (its ``layer`` is the
+      ``nnx.Linear`` / ``WeightNormDense`` / ``GmPDense``).
+    out: the output layer.
 
   Raises:
     ValueError: unknown ``variant`` or ``activation``.

@@ -6,12 +6,12 @@ block the stride sits on the 3×3 conv), channels-last:
 =======  ============================  =======================  ===========================
 stage    output (224×224 input)        ResNet-18 / 34 (basic)   ResNet-50 / 101 (bottleneck)
 =======  ============================  =======================  ===========================
-stem     112×112 → 56×56 (max-pool)    7×7/2 conv 64, norm, ReLU, 3×3/2 max-pool (pad 1)
+stem     112×112 → 56×56 (max-pool)    as for 50 / 101          7×7/2 conv 64, norm, ReLU, 3×3/2 max-pool (pad 1)
 conv2_x  56×56                         [3×3, 64]×2 × (2 | 3)    [1×1 64, 3×3 64, 1×1 256] × 3
 conv3_x  28×28                         [3×3, 128]×2 × (2 | 4)   [1×1 128, 3×3 128, 1×1 512] × 4
 conv4_x  14×14                         [3×3, 256]×2 × (2 | 6)   [… 256, … 1024] × (6 | 23)
 conv5_x  7×7                           [3×3, 512]×2 × (2 | 3)   [1×1 512, 3×3 512, 1×1 2048] × 3
-head     1×1                           global average pool, ``nnx.Linear`` classifier
+head     1×1                           as for 50 / 101          global average pool, ``nnx.Linear`` classifier
 =======  ============================  =======================  ===========================
 
 The first block of stages 3–5 has stride 2; a block whose shape changes
@@ -161,8 +161,9 @@ class ResNet(nnx.Module):
     rngs: ``nnx.Rngs`` with a ``params`` stream.
 
   Attributes:
-    stem: the 7×7/2 Unit; ``layers``: ``nnx.List`` of stages, each an
-    ``nnx.List`` of blocks; ``classifier``: ``nnx.Linear``.
+    stem: the 7×7/2 :class:`~orthojax.models.Unit`.
+    layers: ``nnx.List`` of stages, each an ``nnx.List`` of blocks.
+    classifier: ``nnx.Linear``.
 
   Raises:
     ValueError: unknown ``depth`` or ``norm`` (the message lists the choices).

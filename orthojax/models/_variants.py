@@ -4,16 +4,16 @@ ResNet, VGG-6 and the one-hidden-layer MLP are written once, in terms of
 :class:`Unit`; the variant name picks what a unit is made of (``x`` is the
 unit's input, ``φ`` its activation, ``W`` a conv or dense kernel):
 
-==========  ===============================================  =================================
-variant     unit                                              reference
-==========  ===============================================  =================================
-``sp``      ``φ(x W + b)``                                    standard parameterization
-``wn``      ``φ(x (g·v/‖v‖) + b)``                            Salimans & Kingma 2016, eq. 2
-``wn_mbn``  ``φ(MBN(x (g·v/‖v‖)))``, MBN(t) = t − E[t] + β    Salimans & Kingma 2016, §3
-``bn``      ``φ(BN(x W))``                                    Ioffe & Szegedy 2015
-``gmp``     ``r ⊙ φ(x U(θ) + λ)``                             Chen & Ge (GmP), eq. 15
-``gmp_imn`` ``r ⊙ φ((x − E[x]) U(θ) + λ)`` on hidden inputs   Chen & Ge (GmP), eq. 15–16
-==========  ===============================================  =================================
+===========  ===============================================  =================================
+variant      unit                                              reference
+===========  ===============================================  =================================
+``sp``       ``φ(x W + b)``                                    standard parameterization
+``wn``       ``φ(x (g·v/‖v‖) + b)``                            Salimans & Kingma 2016, eq. 2
+``wn_mbn``   ``φ(MBN(x (g·v/‖v‖)))``, MBN(t) = t − E[t] + β    Salimans & Kingma 2016, §3
+``bn``       ``φ(BN(x W))``                                    Ioffe & Szegedy 2015
+``gmp``      ``r ⊙ φ(x U(θ) + λ)``                             Chen & Ge (GmP), eq. 15
+``gmp_imn``  ``r ⊙ φ((x − E[x]) U(θ) + λ)`` on hidden inputs   Chen & Ge (GmP), eq. 15–16
+===========  ===============================================  =================================
 
 ``E[·]`` is the batch mean in train mode and a running mean in eval mode
 (``model.train()`` / ``model.eval()``), per channel. Biases in front of a
@@ -92,7 +92,7 @@ class Unit(nnx.Module):
   (``nnx.Conv``/``nnx.Linear``, ``WeightNormConv``/``WeightNormDense`` or
   ``GmPConv``/``GmPDense``), ``norm`` (``nnx.BatchNorm``,
   ``MeanOnlyBatchNorm`` or None). GmP layers apply φ themselves
-  (``r ⊙ φ(·)``), so :attr:`act` is None for them.
+  (``r ⊙ φ(·)``), so the unit's ``act`` is None for them.
 
   Args:
     variant: one of :attr:`Unit.VARIANTS`.

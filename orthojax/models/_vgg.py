@@ -91,8 +91,8 @@ class VGG6(nnx.Module):
     rngs: ``nnx.Rngs``.
 
   Attributes:
-    convs: ``nnx.List`` of the six Units; ``classifier``: ``nnx.Linear``
-    (``WeightNormDense`` for the WN variants).
+    convs: ``nnx.List`` of the six units (:class:`~orthojax.models.Unit`).
+    classifier: ``nnx.Linear`` (``WeightNormDense`` for the WN variants).
 
   Raises:
     ValueError: unknown ``variant`` (the message lists the choices).

@@ -17,7 +17,7 @@ perturbation of ``w`` can turn the boundary by up to π when ``‖w‖`` is smal
 
 Layers and cost: :class:`GmPDense` and :class:`GmPConv` assemble the
 direction matrix ``U`` once per call — O(fan_in · fan_out), see
-:mod:`orthojax.nn._hyperspherical` for the stable float32 evaluation — then
+``orthojax.nn._hyperspherical`` for the stable float32 evaluation — then
 run one matmul / convolution, so a layer costs O(mn) like ``nnx.Linear`` /
 ``nnx.Conv``. The paper applies GmP to every layer but the output layer
 (keep that an ``nnx.Linear``) and puts Input Mean Normalization
@@ -305,8 +305,8 @@ class GmPConv(_GmPBase):
     padding: ``"SAME"`` (default), ``"VALID"``, an int, or (low, high) pairs.
     kernel_dilation: int or one per spatial axis.
     feature_group_count: grouped convolution (fan-in is ``prod(k)·in/groups``).
-    activation, init_direction, init_radius, use_offset, dtype, param_dtype,
-    precision, rngs: as in :class:`GmPDense`.
+    activation, init_direction, init_radius, use_offset: as in :class:`GmPDense`.
+    dtype, param_dtype, precision, rngs: as in :class:`GmPDense`.
 
   Raises:
     ValueError: as :class:`GmPDense`, plus bad ``kernel_size``, ``strides``,

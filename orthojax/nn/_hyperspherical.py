@@ -54,11 +54,11 @@ Numerics (fan-in up to thousands, e.g. 3·3·512 = 4608 in ResNet-50):
   XLA:CPU evaluates ``sin``/``cos`` as scalar library calls (≈10 ns per
   element — for a 1024² angle matrix as much as the whole 256×1024×1024
   matmul) and ``cumsum`` as a rewritten ``reduce_window`` (~8× a memory
-  pass). So float32 angles use a vectorizable :func:`sincos` (Cody–Waite
-  reduction by π/2 and the classic minimax polynomials; |error| ≤ 1e-7 for
-  |θ| ≤ 8192, tested; beyond, about |θ|·3e-11, below the float32 spacing of
+  pass). So float32 angles use a vectorizable ``sincos`` (Cody–Waite
+  reduction by π/2 and the classic minimax polynomials; ``|error| ≤ 1e-7`` for
+  ``|θ| ≤ 8192``, tested; beyond, about ``|θ|·3e-11``, below the float32 spacing of
   θ there), and cumulative sums are blocked triangular matmuls
-  (:func:`_cumsum`; full float32 precision requested so TPUs/GPUs do not
+  (``_cumsum``; full float32 precision requested so TPUs/GPUs do not
   round through bf16/TF32). Padding is applied at the start of elementwise
   chains, never the end, which XLA:CPU would evaluate unvectorized. float64
   (``jax_enable_x64``) uses ``jnp.sin``/``jnp.cos``.

@@ -259,10 +259,10 @@ class WeightNormConv(_WeightNorm):
   out)`` (an int ``kernel_size`` means 1-D, as in ``nnx.Conv``).
 
   Args:
-    in_features, out_features, kernel_size, strides, padding,
-    kernel_dilation, feature_group_count: as :class:`orthojax.nn.GmPConv`.
-    use_bias, kernel_init, bias_init, init_scale, epsilon, dtype,
-    param_dtype, precision, rngs: as :class:`WeightNormDense`.
+    in_features, out_features, kernel_size, strides: as :class:`orthojax.nn.GmPConv`.
+    padding, kernel_dilation, feature_group_count: as :class:`orthojax.nn.GmPConv`.
+    use_bias, kernel_init, bias_init, init_scale: as :class:`WeightNormDense`.
+    epsilon, dtype, param_dtype, precision, rngs: as :class:`WeightNormDense`.
   """
 
   def __init__(self, in_features: int, out_features: int, kernel_size: int | Sequence[int],

@@ -45,7 +45,7 @@ Parametrizations (``A`` is the skew matrix whose strictly-upper triangle is
   sequence (latency-bound on accelerators for large ``k``).
 * ``"givens"``: ``Q = R_m ⋯ R_2 R_1 D``, one rotation per pair ``i < j``
   (n(n−1)/2 angles) grouped into ``m`` rounds of disjoint pairs by the
-  round-robin tournament (circle) schedule — see :func:`givens_rounds`;
+  round-robin tournament (circle) schedule — see ``givens_rounds``;
   the rotations inside a round commute and run as one vectorised gather.
   The rotation of pair ``(i, j)`` by ``t`` maps ``e_i ↦ cos t e_i + sin t
   e_j``, ``e_j ↦ −sin t e_i + cos t e_j``. Cost per call O(n² p) in ``m =
@@ -611,8 +611,9 @@ class OrthogonalConv(_OrthogonalBase):
     padding: ``"SAME"`` (default), ``"VALID"``, an int, or (low, high) pairs.
     kernel_dilation: int or one per spatial axis.
     feature_group_count: grouped convolution (fan-in ``prod(k)·in/groups``).
-    parametrization, num_reflections, init, gain, learn_gain, use_bias,
-    dtype, param_dtype, precision, rngs: as in :class:`OrthogonalDense`.
+    parametrization, num_reflections, init, gain: as in :class:`OrthogonalDense`.
+    learn_gain, use_bias, dtype, param_dtype, precision, rngs: as in
+      :class:`OrthogonalDense`.
 
   Raises:
     ValueError: as :class:`OrthogonalDense`, plus bad ``kernel_size``,

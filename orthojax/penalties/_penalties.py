@@ -28,7 +28,7 @@ applies twice: within each matrix of the stack and over the stack.
   squared entries of ``R``), summed over the batch matrices;
 * ``"mean"``: the *mean* of the squared entries of ``R`` (``‖R‖_F² / p²``)
   instead of their sum, averaged over the batch matrices. For the max-type
-  penalties (:func:`mc`, :func:`srip`) the per-matrix value is the same for
+  penalties (:func:`~orthojax.penalties.mc`, :func:`~orthojax.penalties.srip`) the per-matrix value is the same for
   both reductions; only the batch sum becomes a batch mean.
 
 References:
@@ -38,7 +38,7 @@ References:
   and training", ICLR 2020 (the halved SO, ``½‖WᵀW − I‖_F²``).
   Ester Hlav, "Dynamic isometry as a consequence of weight orthogonality
   for faster and better convergence" (Columbia University) (see
-  the errata in :func:`gain_adjusted_so`).
+  the errata in :func:`~orthojax.penalties.gain_adjusted_so`).
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def srip(
     carried to the next call; a couple of iterations per training step then
     track the top eigenvector as the weights move;
   * ``key``: a Gaussian start drawn with ``jax.random.normal(key, ...)``;
-  * otherwise a fixed deterministic start (:func:`default_start_vector`),
+  * otherwise a fixed deterministic start (nearly the all-ones unit vector),
     so the default is a pure, stateless function of ``w``.
 
   If ``R v`` is exactly zero (an exactly orthonormal ``T``) the iterate is

@@ -1,9 +1,9 @@
 """The pod compile check: compile a run for a TPU topology on a machine without it.
 
 :func:`compile_for` builds the run's program with the trainer's own code
-(:func:`orthojax.train.program.build_program`) over abstract TPU devices
+(``orthojax.train.program.build_program``) over abstract TPU devices
 (:mod:`orthojax.train.topology`), compiles its train and eval steps with
-``libtpu`` (:func:`~orthojax.train.program.compile_program`) and reads the
+``libtpu`` (``orthojax.train.program.compile_program``) and reads the
 executables:
 
 * per-chip HBM from ``Compiled.memory_analysis()`` — arguments (params,
@@ -12,7 +12,7 @@ executables:
   ``arguments + outputs − aliased + temporaries + code``;
 * FLOPs and bytes accessed per chip from ``Compiled.cost_analysis()``, with
   loop bodies (scanned stacks, micro-batches) counted for every iteration
-  (:mod:`orthojax.train.hlo`);
+  (``orthojax.train.hlo``);
 * collectives by kind, with counts and bytes per step, from the optimized HLO;
 * a roofline bound: step time ≥ max(FLOPs / peak FLOP/s, bytes / HBM
   bandwidth), hence examples/s per chip ≤ per-chip batch / that time. It is
@@ -231,7 +231,8 @@ def compile_for(config: Config, topology: str, *, num_slices: int | None = None,
     topology: e.g. ``"v5e:4x4"`` (:class:`orthojax.train.topology.Topology`).
     num_chips: use only the topology's first ``num_chips`` chips (a run that its
       experiment pins to fewer devices, e.g. tiny full-batch runs on one).
-    model_fn, optimizer: as for :func:`~orthojax.train.program.build_program`.
+    model_fn, optimizer: as for :func:`orthojax.train.fit`; None: the zoo model
+      and the optimizer that ``config`` names.
 
   Raises:
     TopologyError: an unknown topology or no libtpu.
