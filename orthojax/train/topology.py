@@ -110,14 +110,14 @@ class Topology:
           f"--compile_for={name}: unknown topology; give a generation ({', '.join(CHIPS)}) "
           f"and a chip grid, e.g. v5e:4x4, v5e:8x8, v4:2x2x4, v5p:2x2x2, v6e:2x4, h100:1x1x8")
     if not isinstance(num_slices, int) or num_slices < 1:
-      raise TopologyError(f"--num_slices={num_slices}: must be an integer >= 1")
+      raise TopologyError(f"config.mesh.num_slices={num_slices}: must be an integer >= 1")
     grid = tuple(int(d) for d in match.group(2).split("x"))
     if 0 in grid:
       raise TopologyError(f"--compile_for={name}: a chip grid has no zero dimension")
     chip = CHIPS[match.group(1)]
     if chip.platform == "cuda" and (len(grid) != 3 or num_slices != 1):
       raise TopologyError(f"--compile_for={name}: GPU topologies are slices x hosts x GPUs per "
-                          f"host, e.g. h100:1x1x8 or h100:1x2x8 (no --num_slices)")
+                          f"host, e.g. h100:1x1x8 or h100:1x2x8 (no config.mesh.num_slices)")
     return cls(name=name, chip=chip, grid=grid, num_slices=num_slices)
 
   @property

@@ -10,7 +10,7 @@
       ...  # plus "mask": float32 1/0 — padding rows are 0
 
 Datasets (:data:`DATASETS`; options are keyword arguments, also
-``--dataset_options=key=value``; an unknown name or option is a ValueError
+``config.data = {"name": …, key: value}``; an unknown name or option is a ValueError
 listing the valid ones):
 
 =========================  ====  ===============================  =====================
