@@ -50,6 +50,7 @@ from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import cayley_generator, polish
 from orthojax.optim._riemannian import _require_params
+from orthojax.optim._scope import scoped
 
 
 class CayleyState(NamedTuple):
@@ -111,7 +112,7 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
     mu, nu = unzip(mv, state.mu)
     return out, CayleyState(count=count, mu=mu, nu=nu)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformation(init_fn, scoped("cayley", update_fn))
 
 
 def cayley_sgd(

@@ -76,6 +76,7 @@ from orthojax.manifolds import Stiefel, polish
 from orthojax.optim._riemannian import (RetractState, ScaleByRiemannianAdamState,
                                          _SECOND_MOMENTS, _require_params, project_to_tangent,
                                          retract, scale_by_riemannian_adam)
+from orthojax.optim._scope import scoped
 
 
 def _sq(x):
@@ -225,14 +226,15 @@ def fused_stiefel_adam(
       d = d.astype(g.dtype).astype(dtype)
       scale = neg_lr.astype(dtype)
       xi = scale * d
-      if iterative_cayley:
-        y = cayley_iterative_from_coordinates(x, xi, scale * omega, manifold.cayley_iterations)
-        y = polish(y, w.dtype)  # as Stiefel's Cayley retraction
-      else:
-        y = manifold._retract_for(x, xi, w.dtype)  # pylint: disable=protected-access
-      if reorthonormalize_every is not None:
-        y = jax.lax.cond(retract_count % reorthonormalize_every == 0,
-                         manifold._closest, lambda y: y, y)  # pylint: disable=protected-access
+      with jax.named_scope("retraction"):
+        if iterative_cayley:
+          y = cayley_iterative_from_coordinates(x, xi, scale * omega, manifold.cayley_iterations)
+          y = polish(y, w.dtype)  # as Stiefel's Cayley retraction
+        else:
+          y = manifold._retract_for(x, xi, w.dtype)  # pylint: disable=protected-access
+        if reorthonormalize_every is not None:
+          y = jax.lax.cond(retract_count % reorthonormalize_every == 0,
+                           manifold._closest, lambda y: y, y)  # pylint: disable=protected-access
       y = lo.from_tall(y).astype(jnp.result_type(w, g))
       update = (y - w).astype(g.dtype)
       v_new = lo.from_tall(v_new) if elementwise else v_new
@@ -249,4 +251,5 @@ def fused_stiefel_adam(
                  RetractState(count=retract_count))
     return out, new_state
 
-  return optax.GradientTransformation(chain.init, update_fn)
+  return optax.GradientTransformation(chain.init,
+                                      scoped("fused_stiefel_adam", update_fn))

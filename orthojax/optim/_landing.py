@@ -59,6 +59,7 @@ from orthojax import linalg
 from orthojax.linalg import map_views
 from orthojax.manifolds import polish
 from orthojax.optim._riemannian import _require_params
+from orthojax.optim._scope import scoped
 
 
 class LandingState(NamedTuple):
@@ -136,4 +137,5 @@ def landing(
     return out, LandingState(count=optax.safe_increment(state.count))
 
   return optax.GradientTransformation(
-      lambda params: LandingState(count=jnp.zeros([], jnp.int32)), update_fn)
+      lambda params: LandingState(count=jnp.zeros([], jnp.int32)),
+      scoped("landing", update_fn))

@@ -10,6 +10,7 @@ import optax
 
 from orthojax import linalg
 from orthojax import penalties
+from orthojax.optim._scope import scoped
 
 
 class AddOrthogonalityPenaltyState(NamedTuple):
@@ -136,4 +137,5 @@ def add_orthogonality_penalty(
     updates = jax.tree_util.tree_map(add, updates, grads, is_leaf=lambda x: x is None)
     return updates, state
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformation(init_fn,
+                                      scoped("add_orthogonality_penalty", update_fn))

@@ -32,6 +32,7 @@ import optax
 from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import Manifold
+from orthojax.optim._scope import scoped
 
 _SECOND_MOMENTS = ("elementwise", "matrix")
 
@@ -68,7 +69,8 @@ def project_to_tangent(manifold: Manifold, views: Any = None) -> optax.GradientT
                     params, updates, views=views)
     return out, state
 
-  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+  return optax.GradientTransformation(lambda params: optax.EmptyState(),
+                                      scoped("project_to_tangent", update_fn))
 
 
 class RiemannianMomentumState(NamedTuple):
@@ -116,7 +118,7 @@ def riemannian_momentum(manifold: Manifold, momentum: float = 0.9, nesterov: boo
     out, trace = unzip(pairs, updates)
     return out, RiemannianMomentumState(trace=trace)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformation(init_fn, scoped("riemannian_momentum", update_fn))
 
 
 class ScaleByRiemannianAdamState(NamedTuple):
@@ -218,7 +220,7 @@ def scale_by_riemannian_adam(
     mu, nu = unzip(mv, state.mu)
     return out, ScaleByRiemannianAdamState(count=count, mu=mu, nu=nu)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformation(init_fn, scoped("scale_by_riemannian_adam", update_fn))
 
 
 class RetractState(NamedTuple):
@@ -270,4 +272,5 @@ def retract(manifold: Manifold, views: Any = None,
     return map_views(leaf, params, updates, views=views), RetractState(count=count)
 
   return optax.GradientTransformation(
-      lambda params: RetractState(count=jnp.zeros([], jnp.int32)), update_fn)
+      lambda params: RetractState(count=jnp.zeros([], jnp.int32)),
+      scoped("retract", update_fn))

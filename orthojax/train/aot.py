@@ -59,11 +59,16 @@ class StepReport:
   Attributes:
     flops: FLOPs per step per chip, loop bodies counted per iteration.
     xla_flops: ``cost_analysis()["flops"]`` as XLA counts it (loop bodies once).
-    bytes_accessed: HBM bytes read and written per step per chip (XLA's count).
+    bytes_accessed: HBM bytes read and written per step per chip: XLA's count with
+      loop bodies counted per iteration (:func:`orthojax.train.hlo.loop_corrected_bytes`).
+    xla_bytes_accessed: ``cost_analysis()["bytes accessed"]`` (loop bodies once).
     memory: bytes per chip: ``arguments``, ``outputs``, ``aliased``,
       ``temporaries``, ``code`` and their ``total``.
     collectives: ``{kind: {"count", "bytes"}}`` per step.
     unknown_loops: loops whose trip count could not be read (counted once).
+    traffic_by_scope: HBM bytes per step per chip by the name scope of the ops
+      (:meth:`orthojax.train.hlo.Module.traffic_by_scope`): ``loss_and_grad``,
+      ``optimizer/<transformation>``, ``(compiler-inserted)``.
   """
 
   flops: float
@@ -72,6 +77,8 @@ class StepReport:
   memory: dict[str, int]
   collectives: dict[str, dict[str, float]]
   unknown_loops: int
+  traffic_by_scope: dict[str, float] = dataclasses.field(default_factory=dict)
+  xla_bytes_accessed: float = 0.0
 
   @classmethod
   def of(cls, compiled: Any) -> "StepReport":
@@ -85,9 +92,20 @@ class StepReport:
     memory["total"] = (memory["arguments"] + memory["outputs"] - memory["aliased"]
                        + memory["temporaries"] + memory["code"])
     xla_flops = float(cost.get("flops", 0.0))
+    xla_bytes = float(cost.get("bytes accessed", 0.0))
     return cls(flops=hlo.loop_corrected_flops(xla_flops, module), xla_flops=xla_flops,
-               bytes_accessed=float(cost.get("bytes accessed", 0.0)), memory=memory,
-               collectives=module.collectives(), unknown_loops=module.unknown_loops)
+               bytes_accessed=hlo.loop_corrected_bytes(xla_bytes, module),
+               xla_bytes_accessed=xla_bytes, memory=memory,
+               collectives=module.collectives(), unknown_loops=module.unknown_loops,
+               traffic_by_scope=module.traffic_by_scope(depth=3))
+
+
+def _shares(traffic: dict[str, float], top: int = 5) -> str:
+  """``optimizer/retract 41 %, loss_and_grad 38 %, …`` — the largest shares first."""
+  total = sum(traffic.values())
+  if not total:
+    return "—"
+  return ", ".join(f"{k} {v / total:.0%}" for k, v in list(traffic.items())[:top])
 
 
 def _hlo_cost_analysis(compiled: Any) -> dict[str, float]:
@@ -182,8 +200,13 @@ class CompileReport:
                                     + (f" (XLA counts {t.xla_flops:.4g}: loop bodies once)"
                                        if abs(t.flops - t.xla_flops) > 1e-6 * t.flops else "")),
         ("FLOPs per example", f"{self.flops_per_example / 1e9:.4g} GFLOP"),
-        ("bytes accessed per step per chip", f"{t.bytes_accessed / GiB:.3g} GiB"),
+        ("bytes accessed per step per chip", f"{t.bytes_accessed / GiB:.3g} GiB"
+                                             + (f" (XLA counts {t.xla_bytes_accessed / GiB:.3g} GiB:"
+                                                f" loop bodies once)"
+                                                if abs(t.bytes_accessed - t.xla_bytes_accessed)
+                                                > 1e-3 * t.bytes_accessed else "")),
         ("collectives per step", coll),
+        ("HBM traffic by scope", _shares(t.traffic_by_scope)),
         ("roofline", f"step ≥ {1e3 * self.step_seconds_bound:.3g} ms ({self.bound_by}-bound: "
                      f"{chip.peak_bf16_flops / 1e12:g} TFLOP/s, {chip.hbm_bandwidth / 1e9:g} GB/s)"
                      f" → ≤ {self.examples_per_sec_per_chip_bound:.4g} examples/s per chip"),

@@ -171,6 +171,111 @@ class Module:
     return total
 
 
+  def traffic_by_scope(self, depth: int = 2, *, weighted: bool = True) -> dict[str, float]:
+    """HBM bytes per step by the ``jax.named_scope`` the ops came from.
+
+    Each top-level instruction (a fusion, a custom call, a copy, …; not the
+    instructions inside a fusion, which stay on chip) reads its operands and
+    writes its result: their bytes, times how often its computation runs, are
+    charged to the first ``depth`` scopes of its ``op_name`` (``jit(…)``,
+    ``jvp(…)`` / ``transpose(…)`` wrappers and loop segments removed; no
+    ``op_name``: ``(compiler-inserted)``, e.g. copies and collectives) — the train step names
+    ``loss_and_grad`` and ``optimizer``, orthojax's transformations their own
+    (``optimizer/retract``, ``optimizer/scale_by_riemannian_adam``, …). This is
+    XLA's own notion of "bytes accessed" per op, approximated from shapes; with
+    ``weighted=False`` (loop bodies once, as ``cost_analysis()`` counts them) the
+    total is within 2 % of XLA's on a scanned MLP step and within 20 % on a fused
+    Stiefel update (fusions that read part of an operand), so read the shares, not
+    the absolute numbers.
+    """
+    fused = set()
+    for body in self.computations.values():
+      for ins in body:
+        for kind, callees in _CALLEE.findall(ins.rest):
+          if ins.op == "fusion" or kind == "to_apply":
+            fused.update(_OPERAND.findall(callees))
+    out: dict[str, float] = collections.defaultdict(float)
+    for name, body in self.computations.items():
+      count = self.runs.get(name, 0)
+      if not count or name in fused:
+        continue
+      count = count if weighted else 1
+      types = {ins.name: ins.type for ins in body}
+      for ins in body:
+        if ins.op in _NO_TRAFFIC:
+          continue
+        out[_scope(ins.rest, depth)] += count * self._traffic(ins, types)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+  def _traffic(self, ins: Instruction, types: dict[str, str]) -> int:
+    """Bytes one top-level instruction reads and writes. Slices read only the slice
+    and an in-place ``dynamic-update-slice`` writes only the update — inside a
+    fusion too, where a parameter used only by slices counts as the slices (a
+    scanned stack's layer, not the whole stack)."""
+    operands = _OPERAND.findall(ins.rest.split("), ")[0])
+    sizes = [_bytes(types.get(o, "")) for o in operands]
+    if ins.op.endswith("-start"):
+      return 0                             # an async pair is counted at its -done
+    if ins.op.endswith("-done"):
+      return 2 * _bytes(ins.type)          # read the source, write the result
+    if ins.op in ("dynamic-slice", "slice", "gather"):
+      return 2 * _bytes(ins.type)
+    if ins.op == "dynamic-update-slice":
+      return 2 * sizes[1] if len(sizes) > 1 else _bytes(ins.type)
+    written = _bytes(ins.type)
+    callee = re.search(r"calls=%?([\w.\-]+)", ins.rest) if ins.op == "fusion" else None
+    body = self.computations.get(callee.group(1), []) if callee else []
+    if body:
+      inner = {i.name: i.type for i in body}
+      params = {int(m.group(1)): i.name for i in body if i.op == "parameter"
+                for m in [re.match(r"\s*(\d+)\)", i.rest)] if m}
+      users: dict[str, list[Instruction]] = collections.defaultdict(list)
+      for i in body:
+        for o in _OPERAND.findall(i.rest.split("), ")[0]):
+          users[o].append(i)
+      root = body[-1]
+      for k, name in params.items():
+        uses = users.get(name, [])
+        if uses and all(u.op in ("dynamic-slice", "slice", "gather") and
+                        _OPERAND.findall(u.rest.split("), ")[0])[:1] == [name] for u in uses):
+          sizes[k] = sum(_bytes(u.type) for u in uses)
+        elif (root.op == "dynamic-update-slice" and uses == [root]
+              and _OPERAND.findall(root.rest.split("), ")[0])[:1] == [name]):
+          sizes[k] = 0                     # the buffer updated in place: not read
+      if root.op == "dynamic-update-slice":
+        update = _OPERAND.findall(root.rest.split("), ")[0])[1:2]
+        written = _bytes(inner.get(update[0], "")) if update else written
+    return written + sum(sizes)
+
+
+_NO_TRAFFIC = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while",
+               "conditional", "call", "after-all", "partition-id", "replica-id",
+               "opt-barrier")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_CONTROL = ("while", "body", "cond", "scan", "closed_call", "remat", "checkpoint", "cond_fun",
+            "body_fun")
+_WRAPPER = re.compile(r"^\w+\((.*)\)$")
+
+
+def _scope(rest: str, depth: int) -> str:
+  """The first ``depth`` name scopes of an instruction's ``op_name``, or ``(unnamed)``."""
+  found = _OP_NAME.search(rest)
+  if not found:
+    return "(compiler-inserted)"
+  parts = []
+  for part in found.group(1).split("/")[:-1]:   # the last segment is the primitive
+    while (inner := _WRAPPER.match(part)) and not part.startswith("jit("):
+      part = inner.group(1)
+    if part and not part.startswith(("jit(", "pjit(")) and part not in _CONTROL:
+      parts.append(part)
+  return "/".join(parts[:depth]) or "(unscoped)"
+
+
+def _bytes(type_text: str) -> int:
+  return sum(_DTYPE_BYTES[d] * math.prod(s) for d, s in _arrays(type_text))
+
+
 def _result_bytes(ins: Instruction) -> int:
   """Bytes a collective delivers. An async ``-start`` returns ``(operands, results[,
   context])``: a nested tuple when it combines several arrays, else a flat one."""
@@ -226,3 +331,11 @@ def lapack_qr_flops(module: Module) -> float:
 def loop_corrected_flops(xla_flops: float, module: Module) -> float:
   """XLA's FLOP count with every loop body's matmul FLOPs counted ``trip count`` times."""
   return xla_flops + module.matmul_flops(weighted=True) - module.matmul_flops(weighted=False)
+
+
+def loop_corrected_bytes(xla_bytes: float, module: Module) -> float:
+  """XLA's HBM byte count with every loop body's traffic counted ``trip count`` times
+  (``cost_analysis()`` counts a scanned stack's body once, like its FLOPs)."""
+  weighted = sum(module.traffic_by_scope(1).values())
+  once = sum(module.traffic_by_scope(1, weighted=False).values())
+  return xla_bytes + weighted - once

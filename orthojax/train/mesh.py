@@ -109,7 +109,8 @@ def _hybrid_devices(shape: tuple[int, ...], num_slices: int,
                      f"--compile_for=TOPOLOGY with config.mesh.num_slices={num_slices})")
   if shape[0] % num_slices:
     raise ValueError(f"mesh: config.mesh.data={shape[0]} is not divisible by "
-                     f"config.mesh.num_slices={num_slices}: data parallelism spans the slices, fsdp and model stay "
+                     f"config.mesh.num_slices={num_slices}: data parallelism spans the slices, "
+                     f"fsdp and model stay "
                      f"inside one ({len(devices) // num_slices} devices)")
   ici = (shape[0] // num_slices,) + shape[1:]
   dcn = (num_slices,) + (1,) * (len(shape) - 1)
@@ -225,12 +226,20 @@ def opt_state_shardings(tx: optax.GradientTransformation, abstract_params: Any,
                         params_shardings: Any, mesh: Mesh) -> Any:
   """Optimizer-state shardings: param-shaped leaves follow their param, the rest replicate.
 
+  A state tree with the params' structure but other shapes (Riemannian Adam's
+  ``second_moment="matrix"``: one scalar per matrix) is replicated.
   ``optax.MaskedNode`` s (where a partitioned or masked transformation holds
   no state for a param) stay as they are: they are empty subtrees.
   """
   abstract_state = jax.eval_shape(tx.init, abstract_params)
   masked = lambda x: isinstance(x, optax.MaskedNode)
+
+  def follow(leaf, sharding, param):
+    if masked(leaf):
+      return leaf
+    return sharding if tuple(leaf.shape) == tuple(param.shape) else replicated(mesh)
+
   return optax.tree_map_params(
-      tx, lambda leaf, sharding: leaf if masked(leaf) else sharding, abstract_state,
-      params_shardings, transform_non_params=lambda _: replicated(mesh),
-      is_leaf=lambda x: isinstance(x, NamedSharding) or masked(x))
+      tx, follow, abstract_state, params_shardings, abstract_params,
+      transform_non_params=lambda _: replicated(mesh),
+      is_leaf=lambda x: isinstance(x, (NamedSharding, jax.ShapeDtypeStruct)) or masked(x))

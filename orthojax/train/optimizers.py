@@ -51,7 +51,8 @@ def schedule(config: Config, base_lr: float, total_steps: int) -> optax.Schedule
 
 
 def decay_mask(params: Any) -> Any:
-  """Where ``config.weight_decay`` (and AdamW's own ``weight_decay``) acts: kernels (rank ≥ 2), not biases or normalisation
+  """Where ``config.weight_decay`` (and AdamW's own ``weight_decay``) acts: kernels
+  (rank ≥ 2), not biases or normalisation
   scales (as Flax's ImageNet example), and not GmP angles ``theta`` — they are
   coordinates, and shrinking them would turn every unit towards the first axis."""
   return jax.tree_util.tree_map_with_path(

@@ -122,8 +122,10 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
     return grads, model_state, sums
 
   def step(state: TrainState, batch: Any) -> tuple[TrainState, dict]:
-    grads, model_state, sums = gradients(state.params, state.model_state, batch)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    with jax.named_scope("loss_and_grad"):   # op names: the compile report's traffic split
+      grads, model_state, sums = gradients(state.params, state.model_state, batch)
+    with jax.named_scope("optimizer"):
+      updates, opt_state = tx.update(grads, state.opt_state, state.params)
     if scale_updates:
       updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
     params = optax.apply_updates(state.params, updates)
