@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import orthojax as oj
@@ -60,6 +61,24 @@ def test_param_shardings_rules_heuristic_and_divisibility():
       nnx.state(model, nnx.Param), mesh, min_fsdp_size=65), mesh)
   assert opt[0].mu["layers"][0]["theta"].spec == P("fsdp", None)
   assert opt[0].count.spec == P()
+
+
+def test_state_of_another_shape_is_replicated_not_given_the_params_sharding():
+  """Riemannian Adam's matrix second moment holds one scalar per matrix: it has the
+  params' tree structure but not their shapes, so it cannot take their sharding
+  (it used to, and the jitted init failed on any fsdp mesh)."""
+  mesh = mesh_lib.make_mesh(data=2, fsdp=4)
+  w = oj.manifolds.Stiefel().random(jax.random.PRNGKey(0), (16, 8))
+  params = {"w": w}
+  shardings = {"w": NamedSharding(mesh, P(None, "fsdp"))}
+  tx = oj.optim.radam(1e-3, oj.manifolds.Stiefel(), second_moment="matrix")
+  opt = mesh_lib.opt_state_shardings(tx, params, shardings, mesh)
+  specs = {jax.tree_util.keystr(k): v.spec for k, v in
+           jax.tree_util.tree_flatten_with_path(opt, is_leaf=lambda x: hasattr(x, "spec"))[0]}
+  assert any(k.endswith(".mu['w']") and v == P(None, "fsdp") for k, v in specs.items()), specs
+  assert any(k.endswith(".nu['w']") and v == P() for k, v in specs.items()), specs
+  state = jax.jit(tx.init, out_shardings=opt)(params)   # compiles: the bug's symptom
+  assert state is not None
 
 
 def test_losses_against_closed_forms():
