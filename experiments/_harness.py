@@ -133,6 +133,8 @@ def _fail_override(e: Exception, argv: Sequence[str]) -> NoReturn:
   named = [o for o in overrides
            if o[len("--config."):] in text or f"'{o.rsplit('.', 1)[-1]}'" in text]
   override = (named or overrides or ["--config"])[-1]
+  typed = [a for a in argv if a.split("=")[0] == override and "=" in a]
+  override = typed[-1] if typed else override       # with the value the user gave
   words = " ".join(text.replace("'", "").split())
   if type(e).__name__ == "UnsupportedOperationError" or "is None" in text:
     words = "its value is None in the config file; set the section there"

@@ -308,6 +308,9 @@ class Config:
       if self.batch_size % ways:
         raise ConfigError(f"config.batch_size={self.batch_size}: not divisible by the {ways} "
                           f"data-parallel devices")
+      if (self.eval_batch_size or self.batch_size) % ways:
+        raise ConfigError(f"config.eval_batch_size={self.eval_batch_size}: not divisible by "
+                          f"the {ways} data-parallel devices")
       if self.batch_size % (ways * self.grad_accum_steps):
         raise ConfigError(f"config.grad_accum_steps={self.grad_accum_steps}: batch_size="
                           f"{self.batch_size} must split into that many micro-batches of "

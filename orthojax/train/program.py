@@ -35,6 +35,7 @@ from orthojax.train import mesh as mesh_lib
 from orthojax.train import model_zoo
 from orthojax.train import optimizers
 from orthojax.train.config import Config
+from orthojax.train.config import ConfigError
 from orthojax.train.data import DatasetInfo
 from orthojax.train.step import TrainState
 from orthojax.train.step import make_eval_step
@@ -147,9 +148,14 @@ def build_program(config: Config, info: DatasetInfo, *,
   config.validate(num_devices=len(devices), num_processes=num_processes)
   mesh = mesh_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.model, devices,
                             num_slices=config.mesh.num_slices)
-  mesh_lib.check_global_batch(config.batch_size, mesh, num_processes=num_processes)
   eval_batch = config.eval_batch_size or config.batch_size
-  mesh_lib.check_global_batch(eval_batch, mesh, "config.eval_batch_size", num_processes=num_processes)
+  try:
+    mesh_lib.check_global_batch(config.batch_size, mesh, num_processes=num_processes)
+    mesh_lib.check_global_batch(eval_batch, mesh, "config.eval_batch_size",
+                                num_processes=num_processes)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  _check_loss(config, info)
   steps_per_epoch = max(info.num_train // config.batch_size, 1)
   total_steps = config.num_steps or int(math.ceil(config.num_epochs * steps_per_epoch))
 
@@ -207,6 +213,15 @@ def build_program(config: Config, info: DatasetInfo, *,
                  total_steps=total_steps, steps_per_epoch=steps_per_epoch, tx=tx,
                  state_sharding=state_sh, init=jax.jit(init, out_shardings=state_sh),
                  train_step=train_step, eval_step=eval_step, step_fn=step_fn)
+
+
+def _check_loss(config: Config, info: Any) -> None:
+  """The loss must fit the task: cross-entropy for classes, mse / mae for regression."""
+  classification = info.task == "classification"
+  if classification != (config.loss == "cross_entropy"):
+    want = "cross_entropy" if classification else "mse or mae"
+    raise ConfigError(f"config.loss={config.loss!r}: {info.name} is a {info.task} task; "
+                      f"use {want}")
 
 
 @dataclasses.dataclass(frozen=True)

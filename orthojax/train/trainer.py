@@ -179,10 +179,11 @@ def train(config: Config, *, hooks: tuple[Hook, ...] = (),
   """
   devices = list(jax.devices() if devices is None else devices)
   config.validate(num_devices=len(devices), num_processes=jax.process_count())
-  with WorkdirLock(config.workdir, print_fn):   # before anything is read or written
-    info = data_lib.dataset_info(config.data["name"], data_dir=config.data_dir,
-                                 **config.options)
-    program = build_program(config, info, devices=devices, num_processes=jax.process_count())
+  info = data_lib.dataset_info(config.data["name"], data_dir=config.data_dir, **config.options)
+  # Built (model and optimizer constructed, abstractly) before the workdir is touched: a
+  # bad section leaves nothing behind.
+  program = build_program(config, info, devices=devices, num_processes=jax.process_count())
+  with WorkdirLock(config.workdir, print_fn):   # before anything is read or written there
     source = inputs.RegisteredInput(config.data["name"], config.options, config.data_dir)
     return Loop(compile_program(program), source, hooks, print_fn).run()
 
@@ -240,9 +241,9 @@ def fit(model_fn: ModelFn, optimizer: OptimizerArg, train_data: inputs.TrainSour
   except ValueError as e:
     raise ConfigError(str(e)) from None
   devices = list(jax.devices() if devices is None else devices)
+  program = build_program(config, info, devices=devices, num_processes=jax.process_count(),
+                          model_fn=model_fn, optimizer=optimizer)
   with WorkdirLock(config.workdir, print_fn):
-    program = build_program(config, info, devices=devices, num_processes=jax.process_count(),
-                            model_fn=model_fn, optimizer=optimizer)
     source = inputs.IterableInput(train_data, eval_data)
     return Loop(compile_program(program), source, hooks, print_fn).run()
 

@@ -1,0 +1,113 @@
+"""Bad input to every experiment, as a user types it: one line, no traceback, exit 2,
+nothing written — before any data is loaded or anything is trained.
+
+Each case runs the module in a subprocess (``python -m experiments.<name> …``) on the
+smoke flagfile (or the default config) plus one bad flag or config override, and
+checks stderr is exactly one ``error: …`` line that names what to fix.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.experiments import _cli
+
+TRAIN = ()
+E1 = ("--flagfile=experiments/flags/resnet50_smoke.flags",)
+E2 = ("--flagfile=experiments/flags/vgg6_smoke.flags",)
+E3 = ("--flagfile=experiments/flags/uci_smoke.flags",)
+E4 = ("--flagfile=experiments/flags/gmp_toys_smoke.flags",)
+E5 = ("--flagfile=experiments/flags/critical_tanh_smoke.flags",)
+E6 = ("--flagfile=experiments/flags/seq_mnist_smoke.flags",)
+E7 = ("--flagfile=experiments/flags/deep_linear_smoke.flags",)
+
+# (module, base flags, the bad input, a fragment the one line must contain)
+CASES = [
+    # experiments.train: every part of the config.
+    ("train", TRAIN, "--config.model.name=ResNet51", "config.model.name='ResNet51': unknown"),
+    ("train", TRAIN, "--config.model.variant=foo", "config.model.variant='foo'"),
+    ("train", TRAIN, "--config.model.init=orthogonal", "--config.model.init: cannot set it"),
+    ("train", TRAIN, "--config.model.hidden=abc", "--config.model.hidden=abc"),
+    ("train", TRAIN, "--config.data.name=digitz", "config.data.name='digitz': unknown"),
+    ("train", TRAIN, "--config.data.flatten=maybe", "--config.data.flatten=maybe"),
+    ("train", TRAIN, "--config.data.bogus=1", "--config.data.bogus: cannot set it"),
+    ("train", TRAIN, "--config.optimizer.name=adamm", "config.optimizer.name='adamm': unknown"),
+    ("train", TRAIN, "--config.optimizer.b1=abc", "--config.optimizer.b1=abc"),
+    ("train", TRAIN, "--config.optimizer.learning_rate=-1",
+     "config.optimizer.learning_rate=-1.0: must be > 0"),
+    ("train", TRAIN, "--config.optimizer.name=radam",
+     "radam takes no keyword 'eps_root'"),   # the file's section holds adam's keywords
+    ("train", TRAIN, "--config.penalty.kind=so", "--config.penalty.kind: cannot set it"),
+    ("train", TRAIN, "--config.batch_size=0", "config.batch_size=0: must be > 0"),
+    ("train", TRAIN, "--config.batch_size=12", "config.batch_size=12: not divisible by the 8"),
+    ("train", TRAIN, "--config.eval_batch_size=7", "config.eval_batch_size"),
+    ("train", TRAIN, "--config.grad_accum_steps=3", "config.grad_accum_steps=3"),
+    ("train", TRAIN, "--config.num_steps=0", "config.num_steps / config.num_epochs"),
+    ("train", TRAIN, "--config.schedule=linear", "config.schedule='linear': unknown"),
+    ("train", TRAIN, "--config.schedule=step", "config.decay_boundaries"),
+    ("train", TRAIN, "--config.schedule=plateau", "config.eval_every"),
+    ("train", TRAIN, "--config.loss=hinge", "config.loss='hinge': unknown"),
+    ("train", TRAIN, "--config.loss=mse", "config.loss='mse'"),
+    ("train", TRAIN, "--config.final_eval_splits=validation",
+     "config.final_eval_splits"),
+    ("train", TRAIN, "--config.compute_dtype=float16", "config.compute_dtype='float16'"),
+    ("train", TRAIN, "--config.nan_policy=ignore", "config.nan_policy='ignore'"),
+    ("train", TRAIN, "--config.max_skipped_fraction=2", "config.max_skipped_fraction=2"),
+    ("train", TRAIN, "--config.mesh.data=3", "config.mesh.data=3"),
+    ("train", TRAIN, "--config.mesh.fsdp=0", "config.mesh.fsdp=0"),
+    ("train", TRAIN, "--config.checkpoint.keep=0", "config.checkpoint.keep=0"),
+    ("train", TRAIN, "--config=experiments/configs/nope.py", "cannot load it"),
+    ("train", TRAIN, "--bogus=1", "Unknown command line flag 'bogus'"),
+    # E1 ResNet-50.
+    ("resnet50", E1, "--config.model.norm=layer", "config.model.norm='layer'"),
+    ("resnet50", E1, "--config.model.name=VGG6", "VGG6 takes no keyword 'depth'"),
+    ("resnet50", E1, "--config.model.depth=51", "config.model.depth"),
+    # E2 VGG-6.
+    ("vgg6_imagenet32", E2, "--vgg_variants=foo", "--vgg_variants=foo"),
+    ("vgg6_imagenet32", E2, "--vgg_batch_sizes=a", "--vgg_batch_sizes=a"),
+    ("vgg6_imagenet32", E2, "--vgg_gmp_lr=0", "--vgg_gmp_lr=0"),
+    # E3 UCI.
+    ("uci", E3, "--uci_datasets=foo", "--uci_datasets=foo"),
+    ("uci", E3, "--variants=foo", "--variants=foo"),
+    ("uci", E3, "--num_splits=0", "--num_splits=0"),
+    ("uci", E3, "--protocol=bogus", "--protocol"),
+    ("uci", E3, "--config.model.variant=gmp", "config.model.variant"),
+    ("uci", E3, "--gmp_lr=-1", "--gmp_lr=-1"),
+    # E4 GmP toys.
+    ("gmp_toys", E4, "--toys=foo", "--toys=foo"),
+    ("gmp_toys", E4, "--levy_options=bogus=1", "--levy_options"),
+    ("gmp_toys", E4, "--toy_lrs=abc", "--toy_lrs"),
+    # E5 critical tanh.
+    ("critical_tanh", E5, "--q_stars=abc", "--q_stars=abc"),
+    ("critical_tanh", E5, "--weight_kinds=sphere", "--weight_kinds=sphere"),
+    ("critical_tanh", E5, "--diagnostic_batch=0", "--diagnostic_batch=0"),
+    ("critical_tanh", E5, "--config.model.q_star=0.5", "config.model.q_star"),
+    # E6 sequential MNIST.
+    ("seq_mnist", E6, "--variants=foo", "--variants=foo"),
+    ("seq_mnist", E6, "--penalty_strengths=abc", "--penalty_strengths"),
+    ("seq_mnist", E6, "--config.data.view=diagonal", "view"),
+    # E7 deep linear.
+    ("deep_linear", E7, "--depths=1", "--depths=1"),
+    ("deep_linear", E7, "--inits=foo", "--inits=foo"),
+    ("deep_linear", E7, "--lr_scaling=foo", "--lr_scaling"),
+]
+
+
+@pytest.mark.parametrize("module,base,bad,fragment", CASES,
+                         ids=[f"{m}:{b}" for m, _, b, _ in CASES])
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, module, base, bad, fragment):
+  workdir = tmp_path / "w"
+  proc = _cli.run(module, *base, f"--workdir={workdir}", bad, devices=8, timeout=300,
+                  check=False)
+  lines = [line for line in proc.stderr.splitlines() if line.strip()]
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
+  assert fragment in lines[0], lines[0]
+  assert not workdir.exists() or not any(workdir.iterdir()), list(workdir.iterdir())
+
+
+def test_at_least_forty_bad_inputs_across_every_experiment():
+  assert len(CASES) >= 40
+  assert {m for m, *_ in CASES} == {"train", "resnet50", "vgg6_imagenet32", "uci", "gmp_toys",
+                                    "critical_tanh", "seq_mnist", "deep_linear"}
