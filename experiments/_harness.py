@@ -316,17 +316,26 @@ class Run:
       also the run's directory ``dataset=boston/variant=gmp/split=3``.
     config: the full training config (its ``workdir`` is set by :func:`execute`).
     devices: devices to train on (None: all). Tiny full-batch runs use one.
-    hooks: ``hook(step, params) -> dict`` called every ``--spectrum_every`` steps.
+    hooks: ``hook(step, params) -> dict`` called every ``config.spectrum_every`` steps.
+    single: the experiment's only run (E1: one norm per job) trains in the workdir
+      itself — ``<workdir>/checkpoints``, ``metrics.jsonl``, ``config.json`` — the
+      layout ``experiments.train`` writes, so either entry point resumes the other.
+      Other runs train in ``<workdir>/runs/<tags>``.
   """
 
   tags: tuple[tuple[str, Any], ...]
   config: Config
   devices: Any = None
   hooks: tuple[Callable[..., Any], ...] = ()
+  single: bool = False
 
   @property
   def name(self) -> str:
     return "/".join(f"{k}={v}" for k, v in self.tags)
+
+  def directory(self, workdir: str) -> str:
+    """Where the run trains: ``workdir`` for a single run, else ``workdir/runs/<tags>``."""
+    return workdir if self.single else os.path.join(workdir, "runs", self.name)
 
 
 _RECORD_KEYS = ("tags", "final_step", "seconds", "train", "eval", "best")
@@ -342,7 +351,7 @@ def split_record_key(split: str) -> str:
 def execute(run: Run, workdir: str, *, verbose: bool = False,
             extra: Callable[[Any], dict[str, Any]] | None = None,
             print_fn: Callable[..., None] = print) -> dict[str, Any]:
-  """Train ``run`` in ``<workdir>/runs/<run.name>`` and return its record.
+  """Train ``run`` in :meth:`Run.directory` and return its record.
 
   The record (also ``result.json`` in the run directory) holds the tags, the
   final step, the train / eval / final-split metrics (key
@@ -354,7 +363,7 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
   """
   from orthojax.train import trainer  # pylint: disable=g-import-not-at-top
 
-  run_dir = os.path.join(workdir, "runs", run.name)
+  run_dir = run.directory(workdir)
   done = os.path.join(run_dir, "result.json")
   if epath.Path(done).exists():
     record = json.loads(epath.Path(done).read_text())

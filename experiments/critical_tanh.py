@@ -290,7 +290,7 @@ def main(argv):
 
     def extra(result, diag=diag, run=run):
       from orthojax.train import metrics  # pylint: disable=g-import-not-at-top
-      log = metrics.read_jsonl(os.path.join(base.workdir, "runs", run.name, "metrics.jsonl"))
+      log = metrics.read_jsonl(os.path.join(run.directory(base.workdir), "metrics.jsonl"))
       history = [{"epoch": 0, **diag(diag.init_params, mse=True)}]
       history += [r for r in log if r["split"] == "spectrum" and "fisher_lambda_max" in r]
       train = [(r["step"], r["loss"]) for r in log if r["split"] == "train"]

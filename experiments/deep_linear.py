@@ -156,7 +156,7 @@ def _key(threshold: float) -> str:
 
 
 def _metrics_path(workdir: str, run: _harness.Run) -> str:
-  return os.path.join(workdir, "runs", run.name, "metrics.jsonl")
+  return os.path.join(run.directory(workdir), "metrics.jsonl")
 
 
 # ------------------------------------------------------------------- Runs --

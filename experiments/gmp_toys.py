@@ -459,7 +459,7 @@ def finish_run(run: _harness.Run, tracker: Tracker, result, run_dir: str) -> dic
 
 def execute(run: _harness.Run, workdir: str, *, verbose: bool = False) -> dict[str, Any]:
   """:func:`_harness.execute` with the tracking hook; an unfinished run starts afresh."""
-  run_dir = epath.Path(workdir) / "runs" / run.name
+  run_dir = epath.Path(run.directory(workdir))
   finished = (run_dir / "result.json").exists()
   if run_dir.exists() and not finished:
     run_dir.rmtree()   # a partial trajectory cannot be resumed; toys retrain in seconds
@@ -535,7 +535,7 @@ def _plt():
 
 
 def _load(workdir: str, run: _harness.Run) -> dict[str, np.ndarray]:
-  data = (epath.Path(workdir) / "runs" / run.name / "trajectory.npz").read_bytes()
+  data = (epath.Path(run.directory(workdir)) / "trajectory.npz").read_bytes()
   with np.load(io.BytesIO(data)) as z:
     return {k: z[k] for k in z.files}
 

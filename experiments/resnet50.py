@@ -106,7 +106,7 @@ def plot_curves(workdir: str, runs: Sequence[_harness.Run], path: str, title: st
     info = data_lib.dataset_info(config.data["name"], data_dir=config.data_dir,
                                  **config.options)
     per_epoch = max(info.num_train // config.batch_size, 1)
-    records = [r for r in metrics_lib.read_jsonl(os.path.join(workdir, "runs", run.name,
+    records = [r for r in metrics_lib.read_jsonl(os.path.join(run.directory(workdir),
                                                               "metrics.jsonl"))
                if r.get("split") == "eval"]
     by_step = {r["step"]: r for r in records}      # a resumed run may repeat a step
@@ -165,7 +165,7 @@ def main(argv):
                   f"{', '.join(models.ResNet.NORMS)} (Table 1: bn, wn_mbn, gmp_imn)")
   model = f"resnet{base.model['depth']}"
   dataset = base.data["name"]
-  run = _harness.Run(tags=(("model", model), ("variant", norm)), config=base)
+  run = _harness.Run(tags=(("model", model), ("variant", norm)), config=base, single=True)
   if _harness.compile_only():
     _harness.compile_runs([run], base.workdir)
   if not base.workdir:
@@ -176,7 +176,7 @@ def main(argv):
     print(f"Note: config.eval_every={base.eval_every} but one epoch is {per_epoch} steps; the "
           f"plateau / early-stopping patience counts evaluations, not epochs", flush=True)
   comparable = (model == "resnet50" and dataset == "imagenet2012")
-  run_dir = os.path.join(base.workdir, "runs", run.name)
+  run_dir = run.directory(base.workdir)
   start = time.perf_counter()
   print(f"E1 {model} {norm} on {dataset}: batch {base.batch_size}, lr "
         f"{base.learning_rate:g}, {per_epoch} steps/epoch, workdir {run_dir}", flush=True)

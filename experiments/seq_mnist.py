@@ -413,7 +413,7 @@ def main(argv):
   records, logs = [], []
   for run in plan:
     init = initial_spectrum(run.config, info)
-    log_path = os.path.join(base.workdir, "runs", run.name, "metrics.jsonl")
+    log_path = os.path.join(run.directory(base.workdir), "metrics.jsonl")
 
     def extra(result, init=init):
       final = _recurrent_stats()(0, result.state.params)

@@ -148,7 +148,7 @@ def main(argv):
         flush=True)
   records = []
   for run in plan:
-    run_dir = os.path.join(base.workdir, "runs", run.name)
+    run_dir = run.directory(base.workdir)
     record = _harness.execute(
         run, base.workdir, verbose=flags.FLAGS.verbose,
         extra=lambda result, d=run_dir, b=run.config.batch_size: {

@@ -171,7 +171,7 @@ def test_missing_imagenet_stops_with_the_manual_download_steps(tmp_path):
   assert f"error: imagenet2012 is not prepared in {empty}" in err
   assert "manual" in err and f"{empty}/downloads/manual" in err
   assert "ILSVRC2012_img_train.tar" in err and f"tfds build imagenet2012 --data_dir={empty}" in err
-  assert not (tmp_path / "e1" / "runs").exists()
+  assert not (tmp_path / "e1").exists() or not any((tmp_path / "e1").iterdir())
 
 
 @pytest.mark.parametrize("flag, message", [
@@ -185,4 +185,20 @@ def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
   assert proc.returncode == 2, proc.stderr[-2000:]
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith(f"error: {message}"), last
-  assert not (tmp_path / "runs").exists()
+  assert not [p.name for p in tmp_path.iterdir()]   # nothing written
+
+
+def test_experiments_train_and_resnet50_share_one_workdir_layout(tmp_path):
+  """The same flagfile under either entry point trains in the same place: a run
+  started by ``experiments.train`` is resumed (here: found finished) by
+  ``experiments.resnet50``, which then writes its report beside it."""
+  workdir = tmp_path / "e1"
+  half = _cli.run("train", SMOKE, f"--workdir={workdir}", "--config.num_steps=8",
+                  timeout=300)
+  assert "final step 8" in half.stdout
+  assert (workdir / "checkpoints").is_dir() and (workdir / "config.json").exists()
+  rest = _cli.run("resnet50", SMOKE, f"--workdir={workdir}", timeout=300)
+  assert "Resumed from" in rest.stdout + rest.stderr or "at step 8" in rest.stdout
+  record = json.loads((workdir / "result.json").read_text())
+  assert record["final_step"] == 16
+  assert (workdir / "report.md").exists() and not (workdir / "runs").exists()
