@@ -29,6 +29,7 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 import pathlib
 import tempfile
@@ -136,6 +137,9 @@ def _fail_override(e: Exception, argv: Sequence[str]) -> NoReturn:
   typed = [a for a in argv if a.split("=")[0] == override and "=" in a]
   override = typed[-1] if typed else override       # with the value the user gave
   words = " ".join(text.replace("'", "").split())
+  if isinstance(e, (AttributeError, KeyError)):
+    hint = re.search(r'Did you mean "([^"]+)"', text)
+    words = "the config has no such key" + (f"; did you mean {hint.group(1)!r}?" if hint else "")
   if type(e).__name__ == "UnsupportedOperationError" or "is None" in text:
     words = "its value is None in the config file; set the section there"
   fail(f"{override}: cannot set it ({words[:300]}); --config_help lists the config's keys")
