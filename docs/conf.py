@@ -96,7 +96,7 @@ _EXTERNAL = [
     # Python and its standard library.
     r"(int|float|complex|str|bytes|bool|object|type|dict|list|tuple|set|frozenset|"
     r"callable|Ellipsis|NoneType|function|module)",
-    r"(typing|collections|collections\.abc|abc|types|enum|dataclasses|os|pathlib|"
+    r"(typing|collections|collections\.abc|abc|types|enum|dataclasses|os|pathlib|inspect|"
     r"concurrent|threading|signal|json|numbers)\..*",
     r"(Any|Callable|Sequence|Mapping|MutableMapping|Iterable|Iterator|Hashable|Optional|"
     r"Union|Literal|NamedTuple|Protocol|TypeVar|Generator|Self|ClassVar|PathLike)",
@@ -111,6 +111,8 @@ _EXTERNAL = [
     r"GradientTransformationExtraArgs|Params|Updates|OptState|Schedule|ScalarOrSchedule|"
     r"MuonDimensionNumbers|Module|Rngs|Variable|Param|State|GraphDef|Figure|Axes)",
 ]
+# Parametrised builtins split at their commas by the annotation parser (tuple[float, ...]).
+_EXTERNAL.append(r"(tuple|dict|list|Mapping)\[\w+")
 # orthojax's own private type aliases, shown by name in a few signatures.
 _EXTERNAL.append(r"(ArrayFn|Coeffs)")
 nitpick_ignore_regex = [(role, pattern) for role in ("py:class", "py:obj", "py:data",

@@ -60,14 +60,14 @@ class StepReport:
     flops: FLOPs per step per chip, loop bodies counted per iteration.
     xla_flops: ``cost_analysis()["flops"]`` as XLA counts it (loop bodies once).
     bytes_accessed: HBM bytes read and written per step per chip: XLA's count with
-      loop bodies counted per iteration (:func:`orthojax.train.hlo.loop_corrected_bytes`).
+      loop bodies counted per iteration (``orthojax.train.hlo.loop_corrected_bytes``).
     xla_bytes_accessed: ``cost_analysis()["bytes accessed"]`` (loop bodies once).
     memory: bytes per chip: ``arguments``, ``outputs``, ``aliased``,
       ``temporaries``, ``code`` and their ``total``.
     collectives: ``{kind: {"count", "bytes"}}`` per step.
     unknown_loops: loops whose trip count could not be read (counted once).
     traffic_by_scope: HBM bytes per step per chip by the name scope of the ops
-      (:meth:`orthojax.train.hlo.Module.traffic_by_scope`): ``loss_and_grad``,
+      (``orthojax.train.hlo.Module.traffic_by_scope``): ``loss_and_grad``,
       ``optimizer/<transformation>``, ``(compiler-inserted)``.
   """
 

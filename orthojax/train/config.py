@@ -12,8 +12,8 @@ The sections go straight to constructors, with their keywords unchanged:
   ``euclidean_optimizer`` (same form) updates the rest.
 * ``penalty``: the keywords of :func:`orthojax.optim.add_orthogonality_penalty`
   (``{"kind": "so", "strength": 1e-4}``), or None.
-* ``mesh``: the keywords of :func:`orthojax.train.mesh.make_mesh`; ``checkpoint``: those of
-  :class:`orthojax.train.checkpoint.Checkpointer`.
+* ``mesh``: the keywords of ``orthojax.train.mesh.make_mesh``; ``checkpoint``: those of
+  ``orthojax.train.checkpoint.Checkpointer``.
 
 Everything else is the trainer's own (length, loss, schedule, loop). The experiments
 build a Config from an ``ml_collections.ConfigDict`` (``--config=…py`` and
@@ -44,7 +44,7 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """The keywords of :func:`orthojax.train.mesh.make_mesh`: axis sizes (−1 fills) and slices."""
+  """The keywords of ``orthojax.train.mesh.make_mesh``: axis sizes (−1 fills) and slices."""
 
   data: int = -1
   fsdp: int = 1
@@ -54,7 +54,7 @@ class MeshConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-  """The keywords of :class:`orthojax.train.checkpoint.Checkpointer`: save every N steps
+  """The keywords of ``orthojax.train.checkpoint.Checkpointer``: save every N steps
   (0: only at the end and at preemption), keep the newest ``keep``."""
 
   every_steps: int = 0
@@ -236,7 +236,7 @@ class Config:
 
   @property
   def options(self) -> dict[str, Any]:
-    """The dataset's options: ``data`` without ``name`` and ``data_dir``."""
+    """``data`` without ``name`` and ``data_dir``, i.e. the dataset's options."""
     return {k: v for k, v in self.data.items() if k not in ("name", "data_dir")}
 
   @property

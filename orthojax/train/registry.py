@@ -75,8 +75,8 @@ OPTIMIZERS: dict[str, Callable[..., Any]] = {
     "stiefel_muon": optim.stiefel_muon,
     "fused_stiefel_adam": optim.fused_stiefel_adam,
 }
-"""Optimizer names: every optax optimizer (``sgd``, ``adam``, ``adamw``, ``lion`` …, also
-as ``optax.<name>``) and every orthojax one. Two names mean orthojax's: ``radam`` is
+"""Every optax optimizer (``sgd``, ``adam``, ``adamw``, ``lion`` …, also as
+``optax.<name>``) and every orthojax one, by the name a section gives. Two names mean orthojax's: ``radam`` is
 Riemannian Adam (Bécigneul & Ganea 2019) — optax's Rectified Adam is ``optax.radam`` —
 and ``muon`` is orthojax's wrapper of optax.contrib's (same keywords, plus conv kernels
 and stacks orthogonalized from their matrix view)."""
@@ -87,10 +87,13 @@ MANIFOLD_OPTIMIZERS = ("rsgd", "radam", "projected_gradient", "cayley_sgd", "cay
 
 MANIFOLDS: dict[str, Callable[..., Any]] = {"Stiefel": manifolds.Stiefel,
                                             "Oblique": manifolds.Oblique}
+"""The manifolds a ``manifold`` section names."""
 
 MODELS: dict[str, Callable[..., Any]] = {
-    name: getattr(models, name) for name in models.__all__ if name != "Unit"}
-MODELS["Sequential"] = nnx.Sequential
+    **{name: getattr(models, name) for name in models.__all__ if name != "Unit"},
+    "Sequential": nnx.Sequential}
+"""Every :mod:`orthojax.models` class by its name, and ``Sequential`` (a list of
+:data:`LAYERS` sections)."""
 
 LAYERS: dict[str, Callable[..., Any]] = {
     "GmPDense": nn.GmPDense, "GmPConv": nn.GmPConv, "InputMeanNorm": nn.InputMeanNorm,
@@ -132,6 +135,7 @@ the matrix view) and ``jax.nn.initializers``' (``{"name": "normal", "stddev": 0.
 
 PENALTIES: dict[str, Callable[..., Any]] = {
     "add_orthogonality_penalty": optim.add_orthogonality_penalty}
+"""The penalty section's constructor (its ``name`` may be left out)."""
 
 REGISTRIES: dict[str, dict[str, Callable[..., Any]]] = {
     "model": MODELS, "layers": LAYERS, "optimizer": OPTIMIZERS, "euclidean_optimizer": OPTIMIZERS,

@@ -5,7 +5,7 @@ the step: ``constant``; ``cosine`` (to 0 at the end, Loshchilov & Hutter 2017);
 ``warmup_cosine`` (linear warmup for ``warmup_steps``, then cosine); ``step``
 (× ``decay_factor`` at each fraction of training in ``decay_boundaries``, He et al. 2016);
 ``plateau`` is constant here — the trainer lowers a multiplier in the train state when the
-eval metric stalls (:mod:`orthojax.train.optimizers`). Built on optax's schedules.
+eval metric stalls (``orthojax.train.optimizers``). Built on optax's schedules.
 """
 
 from __future__ import annotations
