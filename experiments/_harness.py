@@ -273,12 +273,15 @@ def fail(message: str) -> NoReturn:
 
 
 def fail_on_config_error(fn: Callable[[], Any]) -> Any:
-  """``fn()``, turning a :class:`ConfigError` into :func:`fail` (exit 2) and a run
-  stopped by its non-finite guard into one line and exit 1."""
+  """``fn()``, turning a :class:`ConfigError` or a missing dataset into :func:`fail`
+  (exit 2) and a run stopped by its non-finite guard into one line and exit 1."""
+  from orthojax.train.data import DatasetNotFoundError  # pylint: disable=g-import-not-at-top
   from orthojax.train.trainer import NonFiniteLossError  # pylint: disable=g-import-not-at-top
   try:
     return fn()
   except ConfigError as e:
+    fail(str(e))
+  except DatasetNotFoundError as e:   # what is missing and how to get it (ImageNet: steps)
     fail(str(e))
   except NonFiniteLossError as e:
     print(f"error: {e}", file=sys.stderr)

@@ -12,7 +12,7 @@ def get_config(arg: str = ""):
   del arg
   return trainer(
       model=section("model", "MLP", hidden=100, variant="sp", activation="relu"),
-      data={"name": "digits", "flatten": False},
+      data={"name": "digits", "data_dir": ""},   # another dataset: --config.data.name=cifar10
       batch_size=128, num_steps=500,
       optimizer=section("optimizer", "adam", learning_rate=1e-3),
       log_every=50)

@@ -58,6 +58,8 @@ CASES = [
     ("train", TRAIN, "--config.checkpoint.keep=0", "config.checkpoint.keep=0"),
     ("train", TRAIN, "--config=experiments/configs/nope.py", "cannot load it"),
     ("train", TRAIN, "--bogus=1", "Unknown command line flag 'bogus'"),
+    ("train", TRAIN, "--config.data.name=uci/concrete --config.data.data_dir={tmp} "
+     "--config.loss=mse", "uci/concrete: no local file"),
     # E1 ResNet-50.
     ("resnet50", E1, "--config.model.norm=layer", "config.model.norm='layer'"),
     ("resnet50", E1, "--config.model.name=VGG6", "VGG6 takes no keyword 'depth'"),
@@ -97,7 +99,8 @@ CASES = [
                          ids=[f"{m}:{b}" for m, _, b, _ in CASES])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, module, base, bad, fragment):
   workdir = tmp_path / "w"
-  proc = _cli.run(module, *base, f"--workdir={workdir}", bad, devices=8, timeout=300,
+  bad = bad.replace("{tmp}", str(tmp_path / "no_data")).split(" ")
+  proc = _cli.run(module, *base, f"--workdir={workdir}", *bad, devices=8, timeout=300,
                   check=False)
   lines = [line for line in proc.stderr.splitlines() if line.strip()]
   assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])

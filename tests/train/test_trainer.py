@@ -145,14 +145,18 @@ def test_sigkill_and_resume_matches_uninterrupted_run(tmp_path):
   subprocess.run(_cli(straight), env=_env(), cwd=_REPO, check=True, capture_output=True)
 
   killed = tmp_path / "killed"
-  proc = subprocess.Popen(_cli(killed), env=_env(), cwd=_REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-  target = np.random.default_rng().integers(8, 30)   # a random step
-  for line in proc.stdout:
-    if line.startswith("[train] step ") and int(line.split()[2].split("/")[0]) >= target:
-      break
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
+  rng = np.random.default_rng()
+  # Killed at two random steps (checkpoints every 3 steps are written asynchronously,
+  # so a kill often lands during a save), resumed after each, then run to the end.
+  for target in sorted(rng.choice(np.arange(5, 36), size=2, replace=False)):
+    proc = subprocess.Popen(_cli(killed), env=_env(), cwd=_REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+      if line.startswith("[train] step ") and int(line.split()[2].split("/")[0]) >= target:
+        time.sleep(rng.uniform(0.0, 0.05))   # anywhere in the step, or in its save
+        break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
   subprocess.run(_cli(killed), env=_env(), cwd=_REPO, check=True, capture_output=True)
 
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
