@@ -141,7 +141,8 @@ def test_traffic_by_scope_adds_up_to_xla_bytes_and_names_the_optimizer(data_repo
   weighted = sum(module.traffic_by_scope(1).values())
   assert t.bytes_accessed == pytest.approx(t.xla_bytes_accessed + weighted - once)
   assert t.bytes_accessed > 1.2 * t.xla_bytes_accessed
-  assert t.traffic_by_scope["loss_and_grad"] > 0.5 * t.bytes_accessed
+  named = {k: v for k, v in t.traffic_by_scope.items() if not k.startswith("(")}
+  assert max(named, key=named.get) == "loss_and_grad"
   assert any(k.startswith("optimizer") for k in t.traffic_by_scope)
   stiefel = aot.compile_for(_deep_mlp(
       model={"depth": 2, "weights": "stiefel"}, euclidean_optimizer={"name": "sgd",
