@@ -216,7 +216,9 @@ def build(kind: str, section: Mapping[str, Any], key: str | None = None,
     key: the section's path for error messages (default ``config.<kind>``).
     supplied: what the trainer provides (see :class:`Supplied`).
     check_only: check names, keywords and required keywords (nested sections too)
-      and return None without constructing anything — the config's up-front check.
+      and return None — the config's up-front check. Cheap objects (manifolds,
+      optimizers, initializers, the penalty link) are still constructed, so their
+      own argument checks run; models and layers are not.
 
   Raises:
     ConfigError: one line naming the config key.
