@@ -22,7 +22,7 @@ then cosine), ``step`` (×``decay_factor`` at each fraction in
 ``decay_boundaries``). ``plateau`` is not a step function: the trainer
 lowers a learning-rate multiplier held in the train state when the eval
 metric stalls (as ``optax.contrib.reduce_on_plateau`` does, but on the
-*eval* metric at eval time, as the ResNet (He et al. 2016) and GmP (Salimans-style
+*eval* metric at eval time, as the ResNet (He et al. 2016) and GmP (the paper's
 released code) recipes do). Because that multiplier scales the update after the
 optimizer, ``plateau`` is only valid for Euclidean optimizers (a manifold step is
 not linear in its update).
