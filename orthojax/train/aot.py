@@ -57,7 +57,8 @@ class StepReport:
   """One compiled step, per chip.
 
   Attributes:
-    flops: FLOPs per step per chip, loop bodies counted per iteration.
+    flops: FLOPs per step per chip, loop bodies counted per iteration, cuDNN convolutions
+      (custom calls on GPU) counted from their shapes.
     xla_flops: ``cost_analysis()["flops"]`` as XLA counts it (loop bodies once).
     bytes_accessed: HBM bytes read and written per step per chip: XLA's count with
       loop bodies counted per iteration (``orthojax.train.hlo.loop_corrected_bytes``).
@@ -93,7 +94,9 @@ class StepReport:
                        + memory["temporaries"] + memory["code"])
     xla_flops = float(cost.get("flops", 0.0))
     xla_bytes = float(cost.get("bytes accessed", 0.0))
-    return cls(flops=hlo.loop_corrected_flops(xla_flops, module), xla_flops=xla_flops,
+    # cuDNN convolutions (GPU) are custom calls XLA's count leaves out; 0 on TPU.
+    flops = hlo.loop_corrected_flops(xla_flops, module) + hlo.cudnn_conv_flops(module)
+    return cls(flops=flops, xla_flops=xla_flops,
                bytes_accessed=hlo.loop_corrected_bytes(xla_bytes, module),
                xla_bytes_accessed=xla_bytes, memory=memory,
                collectives=module.collectives(), unknown_loops=module.unknown_loops,

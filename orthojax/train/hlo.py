@@ -387,6 +387,35 @@ def lapack_qr_flops(module: Module) -> float:
   return total
 
 
+_CUDNN_CONV = re.compile(r"cudnn\$conv(?:BiasActivation)?(Forward|BackwardInput|BackwardFilter)")
+
+
+def cudnn_conv_flops(module: Module) -> float:
+  """FLOPs of the cuDNN convolution custom calls XLA:GPU makes, which its cost analysis
+  does not count: each is the forward convolution's ``2 × output elements × kernel
+  elements per output feature`` (dim_labels say which axis is the output feature),
+  read from the operands it has — the forward output is the result (forward), the
+  first operand (input gradient) or the second (filter gradient)."""
+  total = 0.0
+  for ins, count, types in module.instructions():
+    target = re.search(r'custom_call_target="([^"]+)"', ins.rest) if ins.op == "custom-call" else None
+    kind = _CUDNN_CONV.search(target.group(1)) if target else None
+    labels = re.search(r"dim_labels=\w+_(\w+)->", ins.rest)
+    if not kind or not labels or "o" not in labels.group(1):
+      continue
+    operands = [(_arrays(types.get(o, "")) or [(None, ())])[0][1] for o in _operands(ins)]
+    result = (_arrays(ins.type) or [(None, ())])[0][1]
+    if len(operands) < 2:
+      continue
+    out, kernel = {"Forward": (result, operands[1]), "BackwardInput": (operands[0], operands[1]),
+                   "BackwardFilter": (operands[1], result)}[kind.group(1)]
+    if not out or not kernel:
+      continue
+    per_feature = math.prod(kernel) // kernel[labels.group(1).index("o")]
+    total += count * 2.0 * math.prod(out) * per_feature
+  return total
+
+
 def loop_corrected_flops(xla_flops: float, module: Module) -> float:
   """XLA's FLOP count with every loop body's matmul FLOPs counted ``trip count`` times."""
   return xla_flops + module.matmul_flops(weighted=True) - module.matmul_flops(weighted=False)

@@ -102,3 +102,27 @@ def test_strided_convolution_gradients_count_real_taps_only():
   forward = 2 * 8 * 8 * 8 * 5 * 3 * 3 * 3
   assert module.matmul_flops() == pytest.approx(2 * forward)
   assert xla == pytest.approx(2 * forward, rel=0.15)   # XLA also skips the padding taps
+
+
+_CUDNN = """HloModule m
+
+ENTRY %main (p0: bf16[8,32,32,3], p1: bf16[64,7,7,3], g: bf16[8,16,16,64]) -> bf16[8,16,16,64] {
+  %p0 = bf16[8,32,32,3]{3,2,1,0} parameter(0)
+  %p1 = bf16[64,7,7,3]{3,2,1,0} parameter(1)
+  %g = bf16[8,16,16,64]{3,2,1,0} parameter(2)
+  %fwd = (bf16[8,16,16,64]{3,2,1,0}, u8[0]{0}) custom-call(%p0, %p1), window={size=7x7 stride=2x2 pad=3_3x3_3}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$convForward"
+  %din = (bf16[8,32,32,3]{3,2,1,0}, u8[0]{0}) custom-call(%g, %p1), window={size=7x7 stride=2x2 pad=3_3x3_3}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$convBackwardInput"
+  %dw = (bf16[64,7,7,3]{3,2,1,0}, u8[0]{0}) custom-call(%p0, %g), window={size=7x7 stride=2x2 pad=3_3x3_3}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$convBackwardFilter"
+  ROOT %out = bf16[8,16,16,64]{3,2,1,0} get-tuple-element(%fwd), index=0
+}
+"""
+
+
+def test_cudnn_convolutions_count_as_their_forward_convolution():
+  """XLA:GPU's cuDNN custom calls (not in its cost analysis): forward, input gradient
+  and filter gradient of one 7×7 stride-2 convolution each cost the forward's
+  2 × output elements × kernel elements per output feature."""
+  module = hlo.Module.from_text(_CUDNN)
+  forward = 2 * (8 * 16 * 16 * 64) * (7 * 7 * 3)
+  assert hlo.cudnn_conv_flops(module) == 3 * forward
+  assert module.matmul_flops() == 0          # not dot / convolution instructions
