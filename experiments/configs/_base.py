@@ -19,6 +19,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from orthojax.train import Config
+from orthojax.train import data as data_lib
 from orthojax.train import registry
 
 SUPPLIED = ("rngs", "dtype", "param_dtype", "in_features", "out_features", "num_classes",
@@ -66,3 +67,9 @@ def section(kind: str, name: str, **keywords: Any) -> dict[str, Any]:
       out[key] = value
   out.update(keywords)
   return out
+
+
+def data(name: str, **options: Any) -> dict[str, Any]:
+  """A data section with every option of dataset ``name`` at its default (so each can
+  be overridden from the command line), ``data_dir`` empty, then ``options``."""
+  return {"name": name, "data_dir": "", **data_lib.default_options(name), **options}

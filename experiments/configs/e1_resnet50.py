@@ -15,17 +15,11 @@ Changing the batch size? Scale the learning rate linearly (0.1 per 256) and set
 (launch/README.md has a table). On TPUs add ``--config.compute_dtype=bfloat16``.
 """
 
+from experiments.configs._base import data as data_section
 from experiments.configs._base import section
 from experiments.configs._base import trainer
-from orthojax.train import data as data_lib
 
 IMAGENET_TRAIN = 1_281_167
-
-
-def _data(name: str, **options):
-  """A data section with every option of ``name`` at its default (so each can be
-  overridden from the command line), then ``options``."""
-  return {"name": name, "data_dir": "", **data_lib.default_options(name), **options}
 
 
 def get_config(arg: str = "bn"):
@@ -34,7 +28,7 @@ def get_config(arg: str = "bn"):
   config = trainer(
       # ResNet-50 v1.5 (He et al. 2016, "the same setup" as the paper's Appendix C.1).
       model=section("model", "ResNet", depth=50, norm=norm),
-      data=_data("imagenet2012"),
+      data=data_section("imagenet2012"),
       batch_size=256, num_epochs=90.0,
       # SGD with momentum 0.9, lr 0.1 at batch 256, and He et al.'s L2 of 1e-4 on the
       # kernels (GmP layers: their scales are not decayed, nor their angles;
@@ -54,7 +48,7 @@ def get_config(arg: str = "bn"):
                      f"NORM[,smoke]")
   if "smoke" in flags:
     config.model.depth = 18
-    config.data = _data("fake", height=32, width=32, num_train=32, num_eval=16)
+    config.data = data_section("fake", height=32, width=32, num_train=32, num_eval=16)
     config.batch_size = 8
     config.optimizer.learning_rate = 0.1 * 8 / 256   # linear scaling: 0.003125
     config.num_epochs, config.num_steps = 0.0, 16

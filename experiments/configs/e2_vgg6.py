@@ -15,17 +15,11 @@ The argument: ``""`` (the paper's setting) or ``smoke``: batch 8 for 6 steps on 
 ``--config.compute_dtype=bfloat16``.
 """
 
+from experiments.configs._base import data as data_section
 from experiments.configs._base import section
 from experiments.configs._base import trainer
-from orthojax.train import data as data_lib
 
 IMAGENET32 = "imagenet_resized/32x32"
-
-
-def _data(name: str, **options):
-  """A data section with every option of ``name`` at its default (so each can be
-  overridden from the command line), then ``options``."""
-  return {"name": name, "data_dir": "", **data_lib.default_options(name), **options}
 
 
 def get_config(arg: str = ""):
@@ -34,7 +28,7 @@ def get_config(arg: str = ""):
       # --vgg_variants (sp, Table 2's first row, for a run of this config alone, e.g. by
       # experiments.train or benchmarks/scale_bench.py).
       model=section("model", "VGG6", variant="sp"),
-      data=_data(IMAGENET32),
+      data=data_section(IMAGENET32),
       # Replaced per run by each of --vgg_batch_sizes (Table 2: 256, 512, 1024).
       batch_size=256, eval_batch_size=1000, num_epochs=90.0,
       # SGD with momentum 0.9; lr 0.01 for sp/wn/wn_mbn/bn, 0.1 for gmp/gmp_imn
@@ -53,7 +47,7 @@ def get_config(arg: str = ""):
     raise ValueError(f"e2_vgg6.py:{arg}: unknown argument; use e2_vgg6.py (the paper) or "
                      f"e2_vgg6.py:smoke")
   if arg == "smoke":
-    config.data = _data("fake", height=32, width=32, num_train=32, num_eval=16)
+    config.data = data_section("fake", height=32, width=32, num_train=32, num_eval=16)
     config.batch_size, config.eval_batch_size = 8, 16
     config.num_epochs, config.num_steps = 0.0, 6
     config.log_every = 1

@@ -229,39 +229,11 @@ class Module:
     if not body:
       return _bytes(ins.type) + sum(sizes)
     by_name = {i.name: i for i in body}
-    users: dict[str, list[Instruction]] = collections.defaultdict(list)
-    for i in body:
-      for o in _operands(i):
-        users[o].append(i)
-
-    def reads(name: str) -> int | None:
-      """Bytes a fused value is read through slices / in-place updates, or None if
-      some use reads it whole (bitcasts are looked through)."""
-      total = 0
-      for u in users.get(name, []):
-        first = _operands(u)[:1] == [name]
-        if u.op == "bitcast":
-          inner = reads(u.name)
-          if inner is None:
-            return None
-          total += inner
-        elif u.op in _SLICES and first:
-          total += _bytes(u.type)
-        elif u.op == "dynamic-update-slice" and first:
-          continue                          # the buffer updated in place: not read
-        elif u.op == "fusion":              # a fusion nested in this one: look inside
-          inner = self._param_reads(u, _operands(u).index(name))
-          if inner is None:
-            return None
-          total += inner
-        else:
-          return None
-      return total
-
+    users = _users(body)
     for i in body:
       if i.op == "parameter":
         k = re.match(r"\s*(\d+)\)", i.rest)
-        partial = reads(i.name) if k else None
+        partial = self._reads(i.name, users) if k else None
         if k and partial is not None and int(k.group(1)) < len(sizes):
           sizes[int(k.group(1))] = partial
     root = body[-1]
@@ -276,29 +248,45 @@ class Module:
     return sum(written(o) for o in outputs) + sum(sizes)
 
 
+  def _reads(self, name: str, users: dict[str, list[Instruction]]) -> int | None:
+    """Bytes a fused value is read through slices, or None if some use reads it whole.
+    In-place updates do not read their buffer; bitcasts and nested fusions are looked
+    through."""
+    total = 0
+    for u in users.get(name, []):
+      first = _operands(u)[:1] == [name]
+      if u.op in _SLICES and first:
+        total += _bytes(u.type)
+        continue
+      if u.op == "dynamic-update-slice" and first:
+        continue                            # the buffer updated in place: not read
+      if u.op == "bitcast":
+        inner = self._reads(u.name, users)
+      elif u.op == "fusion":                # a fusion nested in this one: look inside
+        inner = self._param_reads(u, _operands(u).index(name))
+      else:
+        inner = None
+      if inner is None:
+        return None
+      total += inner
+    return total
+
   def _param_reads(self, fusion: Instruction, index: int) -> int | None:
-    """Bytes the ``index``-th operand of ``fusion`` is read through slices, or None if
-    the fused computation reads it whole."""
+    """:meth:`_reads` of the ``index``-th parameter of ``fusion``'s computation."""
     callee = re.search(r"calls=%?([\w.\-]+)", fusion.rest)
     body = self.computations.get(callee.group(1), []) if callee else []
     param = next((i for i in body if i.op == "parameter"
                   and re.match(rf"\s*{index}\)", i.rest)), None)
-    if param is None:
-      return None
-    total = 0
-    for u in body:
-      if param.name not in _operands(u):
-        continue
-      if u.op in _SLICES and _operands(u)[0] == param.name:
-        total += _bytes(u.type)
-      elif u.op == "fusion":
-        inner = self._param_reads(u, _operands(u).index(param.name))
-        if inner is None:
-          return None
-        total += inner
-      else:
-        return None
-    return total
+    return None if param is None else self._reads(param.name, _users(body))
+
+
+def _users(body: list[Instruction]) -> dict[str, list[Instruction]]:
+  """Each value of a computation → the instructions that take it as an operand."""
+  users: dict[str, list[Instruction]] = collections.defaultdict(list)
+  for ins in body:
+    for o in _operands(ins):
+      users[o].append(ins)
+  return users
 
 
 def _operands(ins: Instruction) -> list[str]:
