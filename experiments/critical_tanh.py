@@ -36,6 +36,17 @@ examples:
 At initialisation it also measures ``λ_max`` of the MSE Gauss–Newton matrix
 (``J_θᵀJ_θ/B``, the Fisher of a unit-variance Gaussian output).
 
+Two stages (``--stages``, default both, in this order):
+
+* ``init`` — the measurement at initialisation of every network of the grid, no
+  training: one file per network, ``<workdir>/init/<tags>.json``, written when it is
+  measured and read (not measured again) by every later run of the same command, so the
+  stage resumes where it stopped. The report's correlation rows (ρ with a 95 % bootstrap
+  interval, :func:`orthojax.analysis.pearson_interval`) and scatter plots need only this
+  stage: ``--stages=init`` runs the paper's headline at full scale without training;
+* ``train`` — trains each network (resumable: checkpoints under ``<workdir>/runs``) with
+  the diagnostics hook; its epoch-0 diagnostics are the ``init`` stage's record.
+
 Paper (Sokol & Park, ICLR 2020, §4 and Fig. 1–3): at initialisation
 ``λ_max(FIM)`` correlates with ``σ_max²(J)`` across ``q*`` and seeds,
 Pearson ``ρ = 0.64`` (cross entropy, empirical Fisher) and ``ρ = 0.81`` (MSE);
@@ -63,12 +74,14 @@ which follow from ``q*``) is an error. Everything else in the config is as given
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import time
 from typing import Any
 
 from absl import flags
+from etils import epath
 import numpy as np
 
 from experiments import _harness
@@ -94,6 +107,11 @@ _DIAG_BATCH = flags.DEFINE_integer("diagnostic_batch", 1000,
 _JAC_EXAMPLES = flags.DEFINE_integer("jacobian_examples", 8,
                                      "Examples over which σ_max(J) is averaged.")
 _LANCZOS = flags.DEFINE_integer("lanczos_iters", 30, "Lanczos steps for λ_max(FIM).")
+STAGES = ("init", "train")
+_STAGES = flags.DEFINE_list("stages", list(STAGES),
+                            "init: λ_max(F) and σ_max(J) of every network at initialisation "
+                            "(no training; one file per network under <workdir>/init); train: "
+                            "train every network with the diagnostics hook.")
 
 
 # -------------------------------------------------------------- Diagnostics --
@@ -240,6 +258,31 @@ def plan(base, q_stars, kinds, num_seeds):
   return runs
 
 
+def init_record_path(workdir: str, run: _harness.Run) -> str:
+  """``<workdir>/init/<tags>.json``: the ``init`` stage's record of one network."""
+  return os.path.join(workdir, "init", run.name + ".json")
+
+
+def measure_at_init(run: _harness.Run, workdir: str, make_diagnostics) -> dict[str, Any]:
+  """The diagnostics of ``run``'s network at initialisation, measured once.
+
+  The record (tags, ``epoch`` 0, :meth:`Diagnostics.__call__` with the MSE
+  Gauss–Newton eigenvalue, the seconds it took) is written atomically to
+  :func:`init_record_path`; a later call reads it instead of measuring again.
+  ``make_diagnostics()`` builds the run's :class:`Diagnostics` (only when needed).
+  """
+  path = init_record_path(workdir, run)
+  if epath.Path(path).exists():
+    return json.loads(epath.Path(path).read_text())
+  start = time.perf_counter()
+  diag = make_diagnostics()
+  record = {"tags": dict(run.tags), "epoch": 0, **diag(diag.init_params, mse=True)}
+  record["seconds"] = time.perf_counter() - start
+  if _harness.is_writer():
+    _harness._write_json(path, record)  # pylint: disable=protected-access
+  return record
+
+
 def main(argv):
   base = _harness.start(argv)
   if not base.workdir:
@@ -256,6 +299,8 @@ def main(argv):
     _harness.fail(f"--diagnostic_epochs={','.join(_EPOCHS.value)}: epochs must be >= 0")
   kinds = _harness.fail_on_config_error(
       lambda: _harness.flag_list("weight_kinds", _KINDS.value, WEIGHT_KINDS))
+  stages = _harness.fail_on_config_error(
+      lambda: _harness.flag_list("stages", _STAGES.value, STAGES))
   _harness.fail_on_config_error(lambda: check_per_run_keys(base))
   _harness.fail_on_config_error(lambda: check_optimizers(base, kinds))
   seeds = _harness.fail_on_config_error(lambda: _harness.num_seeds(5))
@@ -277,21 +322,34 @@ def main(argv):
           for r in runs]
   if _harness.compile_only():
     _harness.compile_runs(runs, base.workdir)
-  print(f"E5 critical tanh: {len(runs)} runs (q* {', '.join(map(_q_label, q_stars))} × "
+  print(f"E5 critical tanh: {len(runs)} networks (q* {', '.join(map(_q_label, q_stars))} × "
         f"{', '.join(kinds)} × {seeds} seeds), depth {base.model['depth']}, width "
-        f"{base.model['width']}, {base.data['name']}, {steps_per_epoch} steps/epoch",
-        flush=True)
+        f"{base.model['width']}, {base.data['name']}, {steps_per_epoch} steps/epoch; "
+        f"stages: {', '.join(stages)}", flush=True)
   start = time.perf_counter()
+
+  def diagnostics_of(run):
+    return _harness.fail_on_config_error(lambda: Diagnostics(
+        run.config, info, _DIAG_BATCH.value, _JAC_EXAMPLES.value, _LANCZOS.value))
+
+  init_records = []
+  if "init" in stages:
+    for i, run in enumerate(runs):
+      record = measure_at_init(run, base.workdir, lambda run=run: diagnostics_of(run))
+      init_records.append(record)
+      print(f"  init {i + 1}/{len(runs)} {run.name}: λ_max(F) {record['fisher_lambda_max']:.4g}"
+            f" (MSE {record['fisher_mse_lambda_max']:.4g}), σ_max(J) "
+            f"{record['jacobian_sigma_max']:.4g}, {record['seconds']:.1f} s", flush=True)
   records = []
   later = {e for e in epochs if e > 0}
-  for run in runs:
-    diag = _harness.fail_on_config_error(lambda run=run: Diagnostics(
-        run.config, info, _DIAG_BATCH.value, _JAC_EXAMPLES.value, _LANCZOS.value))
+  for run in (runs if "train" in stages else ()):
+    diag = diagnostics_of(run)
 
     def extra(result, diag=diag, run=run):
       from orthojax.train import metrics  # pylint: disable=g-import-not-at-top
       log = metrics.read_jsonl(os.path.join(run.directory(base.workdir), "metrics.jsonl"))
-      history = [{"epoch": 0, **diag(diag.init_params, mse=True)}]
+      first = measure_at_init(run, base.workdir, lambda: diag)
+      history = [{k: v for k, v in first.items() if k not in ("tags", "seconds")}]
       history += [r for r in log if r["split"] == "spectrum" and "fisher_lambda_max" in r]
       train = [(r["step"], r["loss"]) for r in log if r["split"] == "train"]
       acc = result.split_metrics.get("test", {}).get("top1")
@@ -305,15 +363,18 @@ def main(argv):
     run = _harness.Run(run.tags, run.config, hooks=(diag.hook(steps_per_epoch, later),))
     records.append(_harness.execute(run, base.workdir, verbose=flags.FLAGS.verbose,
                                     extra=extra))
-  rows, notes, plots = summarize(records, q_stars, kinds, base.workdir)
+  if "init" not in stages:   # the training stage's epoch-0 records
+    init_records = [{"tags": r["tags"], **r["diagnostics"][0]} for r in records]
+  rows, notes, plots = summarize(init_records, records, q_stars, kinds, base.workdir)
   euclid = base.euclidean_optimizer
   euclid_text = f"{euclid['name']} lr {euclid.get('learning_rate')}"
+  training = (f"batch {base.batch_size}, {base.num_epochs or base.num_steps} "
+              f"{'epochs' if base.num_epochs else 'steps'}; Euclidean: {euclid_text}; manifold: "
+              f"{base.optimizer['name']} lr {base.learning_rate}, scales/biases/classifier "
+              f"{euclid_text}" if "train" in stages else "at initialisation only, no training")
   notes = [f"{base.data['name']}, depth {base.model['depth']}, width {base.model['width']}, "
-           f"batch {base.batch_size}, {base.num_epochs or base.num_steps} "
-           f"{'epochs' if base.num_epochs else 'steps'}; Euclidean: {euclid_text}; manifold: "
-           f"{base.optimizer['name']} lr {base.learning_rate}, scales/biases/classifier "
-           f"{euclid_text}; diagnostics on {_DIAG_BATCH.value} training "
-           f"examples, σ_max(J) over {_JAC_EXAMPLES.value}"] + notes
+           f"{training}; diagnostics on {_DIAG_BATCH.value} training examples, σ_max(J) over "
+           f"{_JAC_EXAMPLES.value}, {_LANCZOS.value} Lanczos steps for λ_max"] + notes
   _harness.write_report(base.workdir, experiment="critical_tanh",
                         title="E5 — deep critical tanh networks: Euclidean vs Stiefel vs oblique "
                               "(Sokol & Park 2020)",
@@ -323,66 +384,104 @@ def main(argv):
 
 # ------------------------------------------------------------------ Report --
 
-def summarize(records, q_stars, kinds, workdir):
-  """Rows (ρ beside the paper; per-network metrics), notes on the paper's claims, plots."""
+def _rho_rows(init_records, kinds):
+  """ρ(λ_max(F), σ_max²(J)) at initialisation for both losses, over every network and per
+  kind, with a 95 % bootstrap interval (pairs resampled), beside the paper's ρ."""
   from orthojax import analysis  # pylint: disable=g-import-not-at-top
 
-  init = [r["diagnostics"][0] for r in records]
-  sigma2 = [d["jacobian_sigma_max_sq"] for d in init]
-  rows = []
+  rows, notes = [], []
+  groups = [("all", init_records)]
+  if len(kinds) > 1:
+    groups += [(k, [r for r in init_records if r["tags"]["weights"] == k]) for k in kinds]
   for loss, key in (("cross_entropy", "fisher_lambda_max"), ("mse", "fisher_mse_lambda_max")):
-    lam = [d[key] for d in init]
-    rho = analysis.pearson(lam, sigma2) if len(records) > 2 else math.nan
-    rows.append(_harness.Row({"quantity": f"ρ(λ_max(F), σ_max²(J)) at init, {loss}"},
-                             "Pearson ρ", [rho], PAPER_RHO[loss],
-                             note=f"{len(records)} networks"))
+    for name, group in groups:
+      lam = [r[key] for r in group]
+      sigma2 = [r["jacobian_sigma_max_sq"] for r in group]
+      rho = analysis.pearson(lam, sigma2) if len(group) > 2 else math.nan
+      low, high = (analysis.pearson_interval(lam, sigma2) if len(group) > 2
+                   else (math.nan, math.nan))
+      paper = PAPER_RHO[loss]
+      rows.append(_harness.Row({"quantity": f"ρ(λ_max(F), σ_max²(J)) at init, {loss}",
+                                "networks": name}, "Pearson ρ", [rho], paper,
+                               note=f"{len(group)} networks; 95 % bootstrap interval "
+                                    f"[{low:.3f}, {high:.3f}]"))
+      if name == "all" and math.isfinite(low):
+        inside = "inside" if low <= paper <= high else "outside"
+        sign = ("positive" if low > 0 else "negative" if high < 0 else
+                "not distinguishable from 0")
+        notes.append(f"ρ at init, {loss}: {rho:.3f} [{low:.3f}, {high:.3f}] over "
+                     f"{len(group)} networks; the paper's {paper} is {inside} the interval; "
+                     f"the correlation is {sign} at 95 %")
+  return rows, notes
 
-  def per(kind, q, fn):
-    return [fn(r) for r in records
+
+def summarize(init_records, records, q_stars, kinds, workdir):
+  """Rows (ρ beside the paper; per-network metrics), notes on the paper's claims, plots.
+
+  ``init_records``: the ``init`` stage's records (the correlation, the scatter plots and
+  the at-init rows); ``records``: the ``train`` stage's (none when it did not run).
+  """
+  from orthojax import analysis  # pylint: disable=g-import-not-at-top
+
+  rows, notes = _rho_rows(init_records, kinds)
+
+  def per(recs, kind, q, fn):
+    return [fn(r) for r in recs
             if r["tags"]["weights"] == kind and r["tags"]["q_star"] == _q_label(q)]
 
   final_loss, final_acc = {}, {}
   for kind in kinds:
     for q in q_stars:
       setting = {"weights": kind, "q*": _q_label(q)}
-      loss = per(kind, q, lambda r: r["train"].get("loss", math.nan))
-      acc = per(kind, q, lambda r: r.get("test", {}).get("top1", math.nan))
+      rows += [
+          _harness.Row(setting, "λ_max(F) at init, CE",
+                       per(init_records, kind, q, lambda r: r["fisher_lambda_max"])),
+          _harness.Row(setting, "λ_max(F) at init, MSE",
+                       per(init_records, kind, q, lambda r: r["fisher_mse_lambda_max"])),
+          _harness.Row(setting, "σ_max(J) at init",
+                       per(init_records, kind, q, lambda r: r["jacobian_sigma_max"])),
+      ]
+      if not records:
+        continue
+      loss = per(records, kind, q, lambda r: r["train"].get("loss", math.nan))
+      acc = per(records, kind, q, lambda r: r.get("test", {}).get("top1", math.nan))
       final_loss[(kind, q)], final_acc[(kind, q)] = loss, acc
       rows += [
           _harness.Row(setting, "final train loss", loss),
           _harness.Row(setting, "test top-1", acc),
-          _harness.Row(setting, "λ_max(F) at init",
-                       per(kind, q, lambda r: r["diagnostics"][0]["fisher_lambda_max"])),
           _harness.Row(setting, "λ_max(F) at end",
-                       per(kind, q, lambda r: r["diagnostics"][-1]["fisher_lambda_max"])),
-          _harness.Row(setting, "σ_max(J) at init",
-                       per(kind, q, lambda r: r["diagnostics"][0]["jacobian_sigma_max"])),
+                       per(records, kind, q, lambda r: r["diagnostics"][-1]["fisher_lambda_max"])),
       ]
 
   mean = lambda v: float(np.nanmean(v)) if len(v) else math.nan
-  notes = []
-  if len(q_stars) > 1:
+  if records and len(q_stars) > 1:
     for kind in kinds:
       spread = np.ptp([mean(final_loss[(kind, q)]) for q in q_stars])
       notes.append(f"spread over q* of the mean final train loss, {kind}: {spread:.3g} "
                    f"(paper: manifold networks are insensitive to q*, Euclidean ones are not)")
-  if "euclidean" in kinds:
+  if records and "euclidean" in kinds:
     best = max(((k, q) for k in kinds for q in q_stars), key=lambda kq: mean(final_acc[kq]))
     notes.append(f"highest mean test top-1: {best[0]} at q*={_q_label(best[1])} "
                  f"({mean(final_acc[best]):.4f}) (paper: Euclidean q*=1/64, marginally)")
 
   plots = []
-  if len(records) > 2:
-    scatter = os.path.join(workdir, "fisher_vs_jacobian.png")
-    _harness.local_render(scatter, lambda path: analysis.plot_fisher_vs_jacobian(
-        [d["fisher_lambda_max"] for d in init], [math.sqrt(s) for s in sigma2], path,
-        groups=[f"q*={r['tags']['q_star']}" for r in records]))
-    plots.append(scatter)
-  plots += [
-      _curves(records, workdir, "fisher_lambda_max", "λ_max(F) (empirical Fisher, CE)",
-              "fisher_over_training.png", log=True),
-      _curves(records, workdir, "loss", "training loss", "train_loss.png", log=True),
-  ]
+  if len(init_records) > 2:
+    for loss, key, name in (("cross entropy", "fisher_lambda_max", "fisher_vs_jacobian.png"),
+                            ("MSE", "fisher_mse_lambda_max", "fisher_mse_vs_jacobian.png")):
+      scatter = os.path.join(workdir, name)
+      _harness.local_render(scatter, lambda path, key=key, loss=loss:
+                            analysis.plot_fisher_vs_jacobian(
+          [r[key] for r in init_records],
+          [math.sqrt(r["jacobian_sigma_max_sq"]) for r in init_records], path,
+          groups=[f"q*={r['tags']['q_star']}" for r in init_records],
+          title=f"at init, {loss}", log=True))
+      plots.append(scatter)
+  if records:
+    plots += [
+        _curves(records, workdir, "fisher_lambda_max", "λ_max(F) (empirical Fisher, CE)",
+                "fisher_over_training.png", log=True),
+        _curves(records, workdir, "loss", "training loss", "train_loss.png", log=True),
+    ]
   return rows, notes, plots
 
 

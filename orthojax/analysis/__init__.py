@@ -22,6 +22,8 @@ mean-field theory, spectrum tracking during training, and their plots.
   ``orthojax.train.train(hooks=...)``).
 * Plots: :func:`plot_singular_value_bands`, :func:`plot_jacobian_spectrum`,
   :func:`plot_fisher_vs_jacobian`.
+* Seed statistics: :func:`paired_difference` (mean of paired differences, its
+  standard error and the 2-SE verdict), :func:`standard_error`.
 
 Nothing here imports ``orthojax.train``, the experiments or tensorflow;
 matplotlib is imported only inside the plotting functions.
@@ -53,6 +55,7 @@ from orthojax.analysis._model import model_function
 from orthojax.analysis._ntk import empirical_ntk
 from orthojax.analysis._ntk import ntk_eigenvalues
 from orthojax.analysis._plots import pearson
+from orthojax.analysis._plots import pearson_interval
 from orthojax.analysis._plots import plot_fisher_vs_jacobian
 from orthojax.analysis._plots import plot_jacobian_spectrum
 from orthojax.analysis._plots import plot_singular_value_bands
@@ -61,6 +64,9 @@ from orthojax.analysis._spectrum import SV_STATS
 from orthojax.analysis._spectrum import matrix_stats
 from orthojax.analysis._spectrum import spectrum_hook
 from orthojax.analysis._spectrum import spectrum_stats
+from orthojax.analysis._stats import PairedDifference
+from orthojax.analysis._stats import paired_difference
+from orthojax.analysis._stats import standard_error
 from orthojax.nn.initializers import chi
 from orthojax.nn.initializers import critical_line
 from orthojax.nn.initializers import critical_point
@@ -74,6 +80,7 @@ __all__ = [
     "JacobianMoments",
     "JacobianSpectrum",
     "LanczosResult",
+    "PairedDifference",
     "PowerResult",
     "STATS",
     "SV_STATS",
@@ -95,7 +102,9 @@ __all__ = [
     "model_apply",
     "model_function",
     "ntk_eigenvalues",
+    "paired_difference",
     "pearson",
+    "pearson_interval",
     "per_example_loss",
     "plot_fisher_vs_jacobian",
     "plot_jacobian_spectrum",
@@ -107,6 +116,7 @@ __all__ = [
     "spectral_density",
     "spectrum_hook",
     "spectrum_stats",
+    "standard_error",
     "top_eigenvalues",
     "tridiagonal",
 ]

