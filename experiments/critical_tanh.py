@@ -46,6 +46,9 @@ Two stages (``--stages``, default both, in this order):
   stage: ``--stages=init`` runs the paper's headline at full scale without training;
 * ``train`` — trains each network (resumable: checkpoints under ``<workdir>/runs``) with
   the diagnostics hook; its epoch-0 diagnostics are the ``init`` stage's record.
+  ``--train_seeds=N`` trains only the first ``N`` seeds of each cell, so one workdir holds
+  the init grid over every seed and a cheaper training grid
+  (``critical_tanh_full.flags``).
 
 Paper (Sokol & Park, ICLR 2020, §4 and Fig. 1–3): at initialisation
 ``λ_max(FIM)`` correlates with ``σ_max²(J)`` across ``q*`` and seeds,
@@ -107,6 +110,10 @@ _DIAG_BATCH = flags.DEFINE_integer("diagnostic_batch", 1000,
 _JAC_EXAMPLES = flags.DEFINE_integer("jacobian_examples", 8,
                                      "Examples over which σ_max(J) is averaged.")
 _LANCZOS = flags.DEFINE_integer("lanczos_iters", 30, "Lanczos steps for λ_max(FIM).")
+_TRAIN_SEEDS = flags.DEFINE_integer("train_seeds", 0,
+                                    "The train stage trains the first this many seeds of each "
+                                    "(q*, kind); 0: all --num_seeds. The init stage measures "
+                                    "all of them.")
 STAGES = ("init", "train")
 _STAGES = flags.DEFINE_list("stages", list(STAGES),
                             "init: λ_max(F) and σ_max(J) of every network at initialisation "
@@ -304,6 +311,10 @@ def main(argv):
   _harness.fail_on_config_error(lambda: check_per_run_keys(base))
   _harness.fail_on_config_error(lambda: check_optimizers(base, kinds))
   seeds = _harness.fail_on_config_error(lambda: _harness.num_seeds(5))
+  train_seeds = _TRAIN_SEEDS.value or seeds
+  if not 0 < train_seeds <= seeds:
+    _harness.fail(f"--train_seeds={_TRAIN_SEEDS.value}: must be between 1 and --num_seeds "
+                  f"({seeds}), or 0 for all")
   for name, value in (("diagnostic_batch", _DIAG_BATCH.value),
                       ("jacobian_examples", _JAC_EXAMPLES.value),
                       ("lanczos_iters", _LANCZOS.value)):
@@ -325,7 +336,9 @@ def main(argv):
   print(f"E5 critical tanh: {len(runs)} networks (q* {', '.join(map(_q_label, q_stars))} × "
         f"{', '.join(kinds)} × {seeds} seeds), depth {base.model['depth']}, width "
         f"{base.model['width']}, {base.data['name']}, {steps_per_epoch} steps/epoch; "
-        f"stages: {', '.join(stages)}", flush=True)
+        f"stages: {', '.join(stages)}"
+        + (f" (training {train_seeds} seed{'s' * (train_seeds > 1)} of each)"
+           if "train" in stages and train_seeds < seeds else ""), flush=True)
   start = time.perf_counter()
 
   def diagnostics_of(run):
@@ -342,7 +355,8 @@ def main(argv):
             f"{record['jacobian_sigma_max']:.4g}, {record['seconds']:.1f} s", flush=True)
   records = []
   later = {e for e in epochs if e > 0}
-  for run in (runs if "train" in stages else ()):
+  trained = [r for r in runs if dict(r.tags)["seed"] < train_seeds]
+  for run in (trained if "train" in stages else ()):
     diag = diagnostics_of(run)
 
     def extra(result, diag=diag, run=run):

@@ -214,6 +214,7 @@ def test_optimizer_checks_name_the_key():
     (["--config.model.weights=stiefel"], "config.model.weights='stiefel': E5 sets it per run"),
     (["--diagnostic_batch=100000"], "--diagnostic_batch=100000: the training split has only"),
     (["--stages=init,fit"], "--stages=init,fit: unknown 'fit'"),
+    (["--train_seeds=2"], "--train_seeds=2: must be between 1 and --num_seeds (1)"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flags, message):
   proc = _cli.run("critical_tanh", SMOKE, f"--workdir={tmp_path}", *flags, check=False,
