@@ -48,6 +48,7 @@ from orthojax.train.config import ConfigError
 
 RESULTS = "results.json"
 REPORT = "report.md"
+WALL_TIME = "wall_time.json"
 
 
 # ------------------------------------------------------------------- Flags --
@@ -171,6 +172,7 @@ def start(argv: Sequence[str]) -> Config:
   """
   if len(argv) > 1:
     raise SystemExit(f"error: unexpected arguments {list(argv[1:])}; flags only")
+  _SITTING.reset()
   if not flags.FLAGS["verbosity"].present:   # Orbax logs every save at INFO
     logging.set_verbosity(logging.WARNING)
   fv = flags.FLAGS
@@ -345,6 +347,68 @@ class Run:
     return workdir if self.single else os.path.join(workdir, "runs", self.name)
 
 
+# -------------------------------------------------------------- Wall time --
+#
+# An experiment's wall time is the sum over its *sittings* (processes that ran it)
+# that trained at least one run; each sitting's time is logged in
+# ``<workdir>/wall_time.json`` as ``{sitting id: seconds}``:
+#
+#     wall time = Σ_sittings that trained  (end − start of that sitting)
+#
+# A sitting starts at :func:`start` and ends at :func:`write_report` (its
+# ``seconds``); it is also logged after every run it trains, so one killed or
+# preempted before its report still counts up to its last finished run. A rerun
+# that only reads finished runs back trains nothing and adds nothing: its report
+# keeps the real time instead of the seconds it took to re-read the records.
+
+
+class _Sitting:
+  """This process's share of the experiment's wall time (see the section comment)."""
+
+  def __init__(self):
+    self.reset()
+
+  def reset(self) -> None:
+    self.id = (datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+               + f"-{os.getpid()}")
+    self.start = time.perf_counter()
+    self.trained = False
+
+
+_SITTING = _Sitting()
+
+
+def _read_sittings(workdir: str) -> dict[str, float]:
+  path = epath.Path(workdir) / WALL_TIME
+  return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _log_sitting(workdir: str, seconds: float) -> dict[str, float]:
+  """Set this sitting's seconds in ``<workdir>/wall_time.json``; return every sitting's."""
+  sittings = {**_read_sittings(workdir), _SITTING.id: float(seconds)}
+  _write_json(os.path.join(workdir, WALL_TIME), sittings)
+  return sittings
+
+
+def wall_time(workdir: str, seconds: float | None) -> float | None:
+  """The experiment's wall time over its sittings, ``seconds`` being this sitting's.
+
+  A sitting that trained nothing does not count; when no sitting is logged (a
+  workdir written before the log existed) the previous report's time is kept,
+  else ``seconds``.
+  """
+  if _SITTING.trained and seconds is not None:
+    sittings = _log_sitting(workdir, seconds) if is_writer() else _read_sittings(workdir)
+  else:
+    sittings = _read_sittings(workdir)
+  if sittings:
+    return sum(sittings.values())
+  previous = epath.Path(workdir) / RESULTS
+  if not _SITTING.trained and previous.exists():
+    return json.loads(previous.read_text()).get("seconds", seconds)
+  return seconds
+
+
 _RECORD_KEYS = ("tags", "final_step", "seconds", "train", "eval", "best")
 
 
@@ -385,6 +449,9 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
   start_time = time.perf_counter()
   result = fail_on_config_error(lambda: trainer.train(
       run.config.replace(workdir=run_dir), hooks=run.hooks, devices=run.devices, print_fn=quiet))
+  _SITTING.trained = True
+  if is_writer():   # a sitting killed later still counts up to here
+    _log_sitting(workdir, time.perf_counter() - _SITTING.start)
   if result.preempted:
     print(f"preempted during {run.name}: checkpoint saved; rerun the same command to resume "
           f"(exit status {trainer.PREEMPTED_EXIT_CODE})", file=sys.stderr)
@@ -483,14 +550,38 @@ class Row:
                paper=d.get("paper"), note=d.get("note", ""))
 
 
-def _fmt(x: float | None) -> str:
-  if x is None or (isinstance(x, float) and not math.isfinite(x)):
-    return "—"
-  return f"{x:.4g}"
+def number_format(*values: float | None, digits: int = 4) -> Callable[[float | None], str]:
+  """One format for numbers that are compared (a row's paper, mean, std and Δ).
+
+  ``digits`` significant digits of the largest finite ``|value|`` and every
+  number to that same decimal place: for a largest of magnitude ``10^e``,
+  ``max(digits − 1 − e, 0)`` decimals — ``3.704 ± 0.888``, paper ``3.370``,
+  Δ ``0.334``; ``73.63``; ``12346`` — or ``digits − 1`` decimals in scientific
+  notation when it is ≥ 1e6 or < 1e-3. None and non-finite numbers print ``—``.
+  """
+  finite = [abs(v) for v in values if v is not None and math.isfinite(v)]
+  largest = max(finite, default=0.0)
+  if largest and not 1e-3 <= largest < 1e6:
+    spec = f".{digits - 1}e"
+  else:
+    exponent = math.floor(math.log10(largest)) if largest else 0
+    spec = f".{max(digits - 1 - exponent, 0)}f"
+
+  def fmt(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+      return "—"
+    text = format(x, spec)
+    return text.lstrip("-") if float(text) == 0 else text   # no "-0.000"
+
+  return fmt
 
 
 def markdown_table(rows: Sequence[Row], extra_columns: Sequence[str] = ()) -> str:
-  """Rows as a markdown table: setting columns, metric, paper, ours (mean ± std, n), Δ."""
+  """Rows as a markdown table: setting columns, metric, paper, ours (mean ± std, n), Δ.
+
+  A row's numbers share one format (:func:`number_format`): same decimals for
+  the paper, the mean, the std and ours − paper.
+  """
   columns: list[str] = list(extra_columns)
   for row in rows:
     for key in row.setting:
@@ -500,10 +591,11 @@ def markdown_table(rows: Sequence[Row], extra_columns: Sequence[str] = ()) -> st
   lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
   for row in rows:
     mean, std, n = row.stats()
-    ours = f"{_fmt(mean)} ± {_fmt(std)}" if n > 1 else _fmt(mean)
     delta = mean - row.paper if row.paper is not None and n else None
+    fmt = number_format(mean, row.paper)
+    ours = f"{fmt(mean)} ± {fmt(std)}" if n > 1 else fmt(mean)
     cells = [str(row.setting.get(c, "")) for c in columns]
-    cells += [row.metric, _fmt(row.paper), ours, str(n), _fmt(delta), row.note]
+    cells += [row.metric, fmt(row.paper), ours, str(n), fmt(delta), row.note]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
@@ -514,11 +606,19 @@ def write_report(workdir: str, *, experiment: str, title: str, rows: Sequence[Ro
                  print_fn: Callable[..., None] = print) -> str:
   """Write ``results.json`` and ``report.md`` to ``workdir``; print the table.
 
+  ``seconds`` is this sitting's wall time; the report states the experiment's,
+  summed over the sittings that trained (:func:`wall_time`), so a rerun that
+  reads finished runs back keeps the real time and a resumed experiment counts
+  every sitting. ``report.md`` shows the plots by paths relative to ``workdir``
+  (it renders where the workdir is moved or viewed on GitHub); ``results.json``
+  and the printed lines keep full paths.
+
   Returns the markdown of the report.
   """
   import jax  # pylint: disable=g-import-not-at-top
 
   notes, plots = list(notes), [_abspath(p) for p in plots]
+  seconds = wall_time(workdir, seconds)
   environment = {
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "jax": jax.__version__, "backend": jax.default_backend(),
@@ -530,7 +630,10 @@ def write_report(workdir: str, *, experiment: str, title: str, rows: Sequence[Ro
   if notes:
     lines += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
   if plots:
-    lines += ["Plots:", ""] + [f"- {p}" for p in plots] + [""]
+    lines += ["Plots:", ""]
+    for p in plots:
+      rel = relative_to(p, workdir)
+      lines += [f"![{os.path.basename(rel)}]({rel})", ""]
   lines.append(f"Environment: {', '.join(f'{k} {v}' for k, v in environment.items())}"
                + (f"; wall time {seconds:.0f} s" if seconds is not None else "") + ".")
   markdown = "\n".join(lines) + "\n"
@@ -547,6 +650,15 @@ def write_report(workdir: str, *, experiment: str, title: str, rows: Sequence[Ro
   return markdown
 
 
+def relative_to(path: str, workdir: str) -> str:
+  """``path`` relative to ``workdir`` (local or ``gs://…``); unchanged when it lies outside."""
+  path, root = str(path), str(workdir).rstrip("/")
+  if "://" in path or "://" in root:
+    return path[len(root) + 1:] if path.startswith(root + "/") else path
+  rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+  return path if rel.startswith("..") else rel
+
+
 def read_results(workdir: str) -> dict[str, Any]:
   """``results.json`` of an experiment workdir (a clear error when it is missing)."""
   path = epath.Path(workdir) / RESULTS
@@ -558,10 +670,27 @@ def read_results(workdir: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------- Plots --
 
+PAPER_MARKER = {"marker": "D", "markersize": 7, "markerfacecolor": "white",
+                "markeredgecolor": "crimson", "markeredgewidth": 1.6, "linestyle": "none"}
+"""The paper's numbers in :func:`bar_figure`: hollow red diamonds (ours: bars, black error bars)."""
+
+
 def plot_rows(rows: Sequence[Row], path: str, *, group: str, series: str,
-              title: str = "") -> str:
-  """Bar chart: ``group`` on the x axis, one bar per ``series`` value (ours, mean ± std),
-  with the paper's numbers as black markers. One panel per metric."""
+              title: str = "", ylabel: str = "") -> str:
+  """:func:`bar_figure` saved as a PNG at ``path``; returns ``path``."""
+  return save_figure(bar_figure(rows, group=group, series=series, title=title, ylabel=ylabel),
+                     path)
+
+
+def bar_figure(rows: Sequence[Row], *, group: str, series: str, title: str = "",
+               ylabel: str = "") -> Any:
+  """Bar chart: one panel per (metric, ``group`` value), one bar per ``series`` value.
+
+  Ours: a bar at the mean with a black ± std error bar (capped); the paper:
+  a hollow red diamond (:data:`PAPER_MARKER`) beside the error bar, each with its
+  legend entry. The
+  y axis is labelled ``ylabel`` (default: the metric). Returns the figure.
+  """
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -570,7 +699,7 @@ def plot_rows(rows: Sequence[Row], path: str, *, group: str, series: str,
   groups = list(dict.fromkeys(str(r.setting.get(group)) for r in rows))
   names = list(dict.fromkeys(str(r.setting.get(series)) for r in rows))
   panels = len(metrics) * len(groups)
-  fig, axes = plt.subplots(1, panels, squeeze=False, figsize=(max(3.2 * panels, 5.0), 3.6))
+  fig, axes = plt.subplots(1, panels, squeeze=False, figsize=(max(3.2 * panels, 5.0), 3.8))
   width = 0.8 / max(len(names), 1)
   panel = 0
   for metric in metrics:
@@ -583,17 +712,25 @@ def plot_rows(rows: Sequence[Row], path: str, *, group: str, series: str,
         if not match:
           continue
         mean, std, _ = match[0].stats()
-        ax.bar(i * width, mean, width, yerr=std, capsize=3, color=f"C{i}")
+        ax.bar(i * width, mean, width, yerr=std, capsize=4, color=f"C{i}", alpha=0.85,
+               error_kw={"ecolor": "black", "elinewidth": 1.2, "capthick": 1.2},
+               label="ours (mean ± std)")
         if match[0].paper is not None:
-          ax.plot(i * width, match[0].paper, "kD", markersize=6,
-                  label="paper" if i == 0 and panel == 1 else None)
+          ax.plot((i + 0.3) * width, match[0].paper, label="paper", zorder=3,   # off the stem
+                  **PAPER_MARKER)
       ax.set_xticks([i * width for i in range(len(names))], names, rotation=45)
+      ax.set_ylabel(ylabel or metric, fontsize=9)
       ax.set_title(f"{g}: {metric}", fontsize=9)
-  if any(r.paper is not None for r in rows):
-    axes[0, 0].legend(fontsize=7, loc="lower right")
-  fig.suptitle(f"{title}\nbars: ours (mean ± std); diamonds: the paper", fontsize=9)
+  legend = {}   # one entry per label, from whichever panel has it
+  for ax in axes[0]:
+    for handle, label in zip(*ax.get_legend_handles_labels()):
+      legend.setdefault(label, handle)
+  if legend:
+    axes[0, 0].legend(legend.values(), legend.keys(), fontsize=7, loc="lower right")
+  fig.suptitle(f"{title}\nbars: ours (mean ± std, black error bars); hollow red diamonds: "
+               f"the paper", fontsize=9)
   fig.tight_layout()
-  return save_figure(fig, path)
+  return fig
 
 
 def save_figure(fig: Any, path: str, dpi: int = 110) -> str:

@@ -124,6 +124,15 @@ def plot_curves(workdir: str, runs: Sequence[_harness.Run], path: str, title: st
   return _harness.save_figure(fig, path, dpi=100)
 
 
+def plot_titles(model: str, norm: str, dataset: str) -> tuple[str, str]:
+  """The titles of E1's accuracy bars and evaluation curves; both name the data, and the
+  ``fake`` set (the smoke run's random images) as such: its numbers mean nothing."""
+  data = ("FAKE data (random images: a smoke test, the numbers mean nothing)"
+          if dataset == "fake" else dataset)
+  return (f"E1 {model} {norm}: validation accuracy on {data}",
+          f"E1 {model} {norm} on {data}: evaluation over training")
+
+
 def check_data(config) -> Any:
   """The dataset's info, or stop with the data module's message (manual download …)."""
   from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
@@ -211,13 +220,14 @@ def main(argv):
     notes.insert(0, f"{model} on {dataset}: a smoke/scaled run; Table 1 is ResNet-50 "
                     f"on ImageNet — the paper column is the target, not a comparison")
   plots = []
+  accuracy_title, curves_title = plot_titles(model, norm, dataset)
   if _harness.is_writer():
     plots.append(_harness.plot_rows([r for r in rows if r.metric != "throughput (images/s)"],
                                     os.path.join(base.workdir, "e1_accuracy.png"),
-                                    group="model", series="variant",
-                                    title="E1 ImageNet validation accuracy"))
+                                    group="model", series="variant", title=accuracy_title,
+                                    ylabel="validation accuracy (%)"))
     plots.append(plot_curves(base.workdir, [run], os.path.join(base.workdir, "e1_curves.png"),
-                             f"E1 {model} {norm}: evaluation over training"))
+                             curves_title))
   _harness.write_report(base.workdir, experiment="resnet50",
                         title="E1 — ResNet-50 on ImageNet (GmP Table 1)", rows=rows,
                         config=base, notes=notes, plots=plots,

@@ -180,7 +180,8 @@ def main(argv):
   plots = []
   if rows and _harness.is_writer():
     plots.append(_harness.plot_rows(rows, f"{base.workdir}/uci_rmse.png", group="dataset",
-                                    series="variant", title="E3 UCI test RMSE"))
+                                    series="variant", title="E3 UCI test RMSE",
+                                    ylabel="test RMSE (target units; lower is better)"))
   _harness.write_report(base.workdir, experiment="uci",
                         title="E3 — UCI regression, one hidden layer (GmP Table 3)",
                         rows=rows, config=base, notes=notes, plots=plots,

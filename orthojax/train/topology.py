@@ -178,10 +178,22 @@ def libtpu_available() -> bool:
 def _quiet_libtpu() -> None:
   """Keep libtpu from probing for TPU hosts (and warning) on a machine without them, and
   from locking ``/tmp/libtpu_lockfile``: compiling needs no chip, so several processes
-  (test workers, a launcher beside a run) may load it at once."""
+  (test workers, a launcher beside a run) may load it at once.
+
+  Logging (each only where the environment does not set it): jaxlib's INFO lines
+  about loading libtpu (``GetPjrtApi was found for tpu at …``) are hidden
+  (``TF_CPP_MIN_LOG_LEVEL=2``); libtpu's own log keeps INFO and WARNING lines off the
+  terminal (``TPU_STDERR_LOG_LEVEL=3``: 0 INFO … 3 FATAL) — an error the compiler
+  meets is raised, and the compile check prints it as one line (its own ERROR line
+  would repeat it with pages of detail) — and writes no INFO files to
+  ``TPU_LOG_DIR`` (``/tmp/tpu_logs``; ``TPU_MIN_LOG_LEVEL=1``: warnings and errors
+  are still written there).
+  """
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   os.environ.setdefault("TPU_WORKER_ID", "0")
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  os.environ.setdefault("TPU_STDERR_LOG_LEVEL", "3")
+  os.environ.setdefault("TPU_MIN_LOG_LEVEL", "1")

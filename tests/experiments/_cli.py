@@ -10,12 +10,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def run(module: str, *args: str, devices: int = 1, timeout: int = 600,
-        check: bool = True) -> subprocess.CompletedProcess:
+        check: bool = True, **popen) -> subprocess.CompletedProcess:
+  """``popen``: more ``subprocess.run`` keywords (e.g. ``preexec_fn``)."""
   env = dict(os.environ)
   env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   proc = subprocess.run([sys.executable, "-m", f"experiments.{module}", *args], env=env,
-                        cwd=REPO, capture_output=True, text=True, timeout=timeout)
+                        cwd=REPO, capture_output=True, text=True, timeout=timeout, **popen)
   if check and proc.returncode != 0:
     raise AssertionError(f"experiments.{module} exited {proc.returncode}:\n"
                          f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

@@ -9,6 +9,7 @@ experiment pins to one device (tiny full-batch ones) compile for one chip.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -41,3 +42,20 @@ def test_experiment_compiles_its_programs_and_trains_nothing(tmp_path, module, f
     assert report["num_chips"] == chips and report["fits"]
     assert report["flops_per_example"] > 0
   assert sorted(p.name for p in workdir.iterdir()) == ["compile_report.json"]
+
+
+def test_libtpu_keeps_its_info_lines_off_the_terminal_and_out_of_its_log(tmp_path, monkeypatch):
+  """The compile check's stderr is empty; libtpu's log (TPU_LOG_DIR) holds warnings, no INFO
+  banner (topology._quiet_libtpu sets its levels where the environment does not)."""
+  logs = tmp_path / "tpu_logs"
+  monkeypatch.setenv("TPU_LOG_DIR", str(logs))
+  for name in ("TPU_STDERR_LOG_LEVEL", "TPU_MIN_LOG_LEVEL"):   # as a user's shell has them
+    monkeypatch.delenv(name, raising=False)
+  proc = _cli.run("train", "--config=experiments/configs/train.py", "--compile_for=v5e:2x2",
+                  f"--workdir={tmp_path / 'w'}")
+  assert "HBM per chip (train)" in proc.stdout
+  assert proc.stderr == ""
+  lines = [line for path in logs.iterdir() if not path.is_symlink()
+           for line in path.read_text().splitlines()]
+  assert any(line.startswith("W") for line in lines)      # libtpu did log, at WARNING
+  assert not [line for line in lines if re.match(r"I\d{4} ", line)]

@@ -216,7 +216,7 @@ def test_smoke_flagfile_tracks_every_step_and_reports_beside_the_paper(tmp_path)
   assert "holds" in rows[("levy", "gmp", 0.1, gmp_toys.M_GE1)]["note"]
   assert 0.0 <= rows[("banana", "gmp", 0.1, gmp_toys.M_ACC)]["ours"][0] <= 100.0
   report = (workdir / "report.md").read_text()
-  assert "| levy | gmp | 0.1 | max per-step max_i ‖Δφ_i‖ | 1 |" in report
+  assert "| levy | gmp | 0.1 | max per-step max_i ‖Δφ_i‖ | 1.000 |" in report
 
   # Trajectories: the initial point and one point after every step, for every unit.
   for toy, steps, units, dim in (("levy", 60, 100, 1), ("banana", 40, 10, 2)):

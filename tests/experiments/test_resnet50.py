@@ -54,6 +54,22 @@ def test_e1_flagfiles_are_the_papers_recipe(variant):
   assert variant in resnet50.PAPER
 
 
+def test_smoke_plots_say_they_ran_on_fake_data():
+  from experiments import _harness
+  import matplotlib.pyplot as plt
+  dataset = _config("experiments/flags/resnet50_smoke.flags").data["name"]
+  titles = resnet50.plot_titles("resnet18", "bn", dataset)
+  for title in titles:
+    assert "on FAKE data (random images: a smoke test, the numbers mean nothing)" in title
+  fig = _harness.bar_figure([_harness.Row({"model": "resnet18", "variant": "bn"}, "top-1 (%)",
+                                          [10.0], 73.63)], group="model", series="variant",
+                            title=titles[0])
+  assert fig.get_suptitle().startswith(titles[0] + "\n")
+  plt.close(fig)
+  for title in resnet50.plot_titles("resnet50", "bn", "imagenet2012"):
+    assert "on imagenet2012" in title and "FAKE" not in title
+
+
 def test_smoke_flagfile_is_the_recipe_scaled_down():
   config = _config("experiments/flags/resnet50_smoke.flags")
   assert (config.model["name"], config.model["depth"], config.model["norm"]) == (
@@ -158,6 +174,11 @@ def test_smoke_checkpoints_is_preempted_resumes_and_reports(tmp_path):
   for name in ("e1_accuracy.png", "e1_curves.png"):
     assert (workdir / name).read_bytes()[:8] == PNG and (workdir / name).stat().st_size > 5000
     assert f"Plot: {workdir / name}" in again.stdout
+    assert f"![{name}]({name})" in (workdir / "report.md").read_text()
+  # The wall time counts the preempted sitting and the resumed one.
+  sittings = json.loads((workdir / "wall_time.json").read_text())
+  assert len(sittings) == 2 and all(s > 0 for s in sittings.values())
+  assert results["seconds"] == pytest.approx(sum(sittings.values()))
 
 
 def test_missing_imagenet_stops_with_the_manual_download_steps(tmp_path):

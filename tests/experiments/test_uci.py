@@ -61,10 +61,44 @@ def test_smoke_flagfile_runs_and_reports_beside_the_paper(tmp_path):
   record = json.loads((workdir / "runs/dataset=boston/variant=gmp/split=1/result.json")
                       .read_text())
   assert record["test"]["examples"] == 101 and math.isfinite(record["test"]["rmse"])
-  # Rerunning continues the experiment: finished runs are read back, same report.
+  # The report links its plot relative to the workdir (it renders wherever the workdir is).
+  assert "![uci_rmse.png](uci_rmse.png)" in report and str(workdir) not in report
+  # Rerunning continues the experiment: finished runs are read back, same report —
+  # with the first sitting's wall time, not the second's few seconds.
+  wall = results["seconds"]
   again = _cli.run("uci", "--flagfile=experiments/flags/uci_smoke.flags", f"--workdir={workdir}")
   assert again.stdout.count("done earlier") == 4
-  assert json.loads((workdir / "results.json").read_text())["rows"] == results["rows"]
+  rerun = json.loads((workdir / "results.json").read_text())
+  assert rerun["rows"] == results["rows"]
+  assert rerun["seconds"] == wall and f"wall time {wall:.0f} s." in (workdir / "report.md"
+                                                                    ).read_text()
+  # A resumed experiment (one run left to train) counts both sittings.
+  (workdir / "runs/dataset=boston/variant=sp/split=1/result.json").unlink()
+  resumed = _cli.run("uci", "--flagfile=experiments/flags/uci_smoke.flags",
+                     f"--workdir={workdir}")
+  assert resumed.stdout.count("done earlier") == 3
+  sittings = json.loads((workdir / "wall_time.json").read_text())
+  assert len(sittings) == 2 and wall in sittings.values()
+  total = json.loads((workdir / "results.json").read_text())["seconds"]
+  assert total == pytest.approx(sum(sittings.values())) and total > wall
+
+
+def test_reruns_are_bit_identical_whatever_the_threads(tmp_path):
+  """WN and BN (norms and batch statistics: reductions) give the same bits twice,
+  the second time on one CPU (another XLA thread-pool size)."""
+  import os
+  one_cpu = {"preexec_fn": lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})}
+  records = []
+  for name, kwargs in (("a", {}), ("b", one_cpu)):
+    workdir = tmp_path / name
+    _cli.run("uci", "--flagfile=experiments/flags/uci_smoke.flags", "--variants=wn,bn",
+             "--num_splits=1", f"--workdir={workdir}", **kwargs)
+    records.append({v: json.loads((workdir / f"runs/dataset=boston/variant={v}/split=0/"
+                                             "result.json").read_text()) for v in ("wn", "bn")})
+  for variant in ("wn", "bn"):
+    a, b = (r[variant] for r in records)
+    assert (a["final_step"], a["test"], a["eval"], a["best"]) == (
+        b["final_step"], b["test"], b["eval"], b["best"]), variant
 
 
 @pytest.mark.parametrize("flag, message", [
