@@ -45,7 +45,7 @@ class PairedDifference:
     se: ``sd(d) / √n`` (NaN with fewer than 2 pairs).
     n: the number of pairs.
     z: the rule's number of standard errors.
-    verdict: one of :data:`VERDICTS`, for the claim ``a > b``.
+    verdict: one of ``"supported"``, ``"rejected"``, ``"not resolved"``, for the claim ``a > b``.
   """
 
   mean: float
@@ -56,7 +56,7 @@ class PairedDifference:
 
   @property
   def detectable(self) -> float:
-    """``z · SE``: the smallest |mean difference| the run resolves (NaN below 2 pairs)."""
+    """``z · SE``: the smallest absolute mean difference the run resolves (NaN below 2 pairs)."""
     return self.z * self.se
 
 
