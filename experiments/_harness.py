@@ -356,7 +356,8 @@ class Run:
 #     wall time = Σ_sittings that trained  (end − start of that sitting)
 #
 # A sitting starts at :func:`start` and ends at :func:`write_report` (its
-# ``seconds``); it is also logged after every run it trains, so one killed or
+# ``seconds``); it is also logged after every run it trains (:func:`count_sitting`,
+# which an experiment also calls for work that is not a training run), so one killed or
 # preempted before its report still counts up to its last finished run. A rerun
 # that only reads finished runs back trains nothing and adds nothing: its report
 # keeps the real time instead of the seconds it took to re-read the records.
@@ -386,8 +387,16 @@ def _read_sittings(workdir: str) -> dict[str, float]:
 def _log_sitting(workdir: str, seconds: float) -> dict[str, float]:
   """Set this sitting's seconds in ``<workdir>/wall_time.json``; return every sitting's."""
   sittings = {**_read_sittings(workdir), _SITTING.id: float(seconds)}
-  _write_json(os.path.join(workdir, WALL_TIME), sittings)
+  write_json(os.path.join(workdir, WALL_TIME), sittings)
   return sittings
+
+
+def count_sitting(workdir: str) -> None:
+  """This sitting did an experiment's work (trained a run, measured a network): its
+  time counts in the wall time, logged up to now (a sitting killed later still counts)."""
+  _SITTING.trained = True
+  if is_writer():
+    _log_sitting(workdir, time.perf_counter() - _SITTING.start)
 
 
 def wall_time(workdir: str, seconds: float | None) -> float | None:
@@ -449,9 +458,7 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
   start_time = time.perf_counter()
   result = fail_on_config_error(lambda: trainer.train(
       run.config.replace(workdir=run_dir), hooks=run.hooks, devices=run.devices, print_fn=quiet))
-  _SITTING.trained = True
-  if is_writer():   # a sitting killed later still counts up to here
-    _log_sitting(workdir, time.perf_counter() - _SITTING.start)
+  count_sitting(workdir)
   if result.preempted:
     print(f"preempted during {run.name}: checkpoint saved; rerun the same command to resume "
           f"(exit status {trainer.PREEMPTED_EXIT_CODE})", file=sys.stderr)
@@ -467,7 +474,7 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
       **(extra(result) if extra else {}),
   }
   if is_writer():
-    _write_json(done, record)
+    write_json(done, record)
   print_fn(f"  {run.name}: {_summary(record)}", flush=True)
   return record
 
@@ -488,7 +495,7 @@ def _summary(record: dict[str, Any]) -> str:
   return ", ".join(parts)
 
 
-def _write_json(path: str, value: Any) -> None:
+def write_json(path: str, value: Any) -> None:
   """Write atomically: a crash leaves the old file or none, never half of one.
 
   Local or cloud (``gs://…``) paths alike (``etils.epath``).
@@ -638,7 +645,7 @@ def write_report(workdir: str, *, experiment: str, title: str, rows: Sequence[Ro
                + (f"; wall time {seconds:.0f} s" if seconds is not None else "") + ".")
   markdown = "\n".join(lines) + "\n"
   if is_writer():
-    _write_json(os.path.join(workdir, RESULTS), {
+    write_json(os.path.join(workdir, RESULTS), {
         "experiment": experiment, "title": title, "rows": [r.to_json() for r in rows],
         "notes": notes, "plots": plots, "environment": environment, "seconds": seconds,
         "config": dataclasses.asdict(config) if config is not None else None})

@@ -286,7 +286,8 @@ def measure_at_init(run: _harness.Run, workdir: str, make_diagnostics) -> dict[s
   record = {"tags": dict(run.tags), "epoch": 0, **diag(diag.init_params, mse=True)}
   record["seconds"] = time.perf_counter() - start
   if _harness.is_writer():
-    _harness._write_json(path, record)  # pylint: disable=protected-access
+    _harness.write_json(path, record)
+  _harness.count_sitting(workdir)
   return record
 
 

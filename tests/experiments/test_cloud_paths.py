@@ -47,7 +47,7 @@ def test_metrics_records_report_and_plots_land_in_the_bucket(tmp_path, monkeypat
     writer.close()
     assert [r["loss"] for r in metrics.read_jsonl("gs://b/run/metrics.jsonl")] == [2.0, 1.0]
 
-    _harness._write_json("gs://b/run/runs/x=1/result.json", {"final_step": 2})
+    _harness.write_json("gs://b/run/runs/x=1/result.json", {"final_step": 2})
     rows = [_harness.Row({"variant": "gmp"}, "test RMSE", [3.0, 3.2], 3.057)]
     plot = _harness.plot_rows(rows, "gs://b/run/plot.png", group="variant", series="variant")
     scatter = "gs://b/run/scatter.png"   # rendered locally, then copied to the bucket

@@ -122,6 +122,11 @@ def test_init_stage_alone_measures_every_network_once_and_resumes(tmp_path):
   init_rows = [r for r in rows if r["metric"] == "λ_max(F) at init, CE"
                and r["setting"] == {"weights": "euclidean", "q*": "0.01562"}]
   assert init_rows[0]["ours"] == [12345.0]
+  # Measuring counts as the experiment's work; the rerun that only read records does not.
+  sittings = json.loads((workdir / "wall_time.json").read_text())
+  assert len(sittings) == 1
+  assert json.loads((workdir / "results.json").read_text())["seconds"] == pytest.approx(
+      sum(sittings.values()))
 
 
 # The old flagfiles' values (before the nested config), variant by variant.
