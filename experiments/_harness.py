@@ -682,6 +682,13 @@ PAPER_MARKER = {"marker": "D", "markersize": 7, "markerfacecolor": "white",
 """The paper's numbers in :func:`bar_figure`: hollow red diamonds (ours: bars, black error bars)."""
 
 
+def data_label(dataset: str) -> str:
+  """The dataset's name for a plot title; the ``fake`` set (random images, the smoke
+  runs') says so: its numbers mean nothing."""
+  return ("FAKE data (random images: a smoke test, the numbers mean nothing)"
+          if dataset == "fake" else dataset)
+
+
 def plot_rows(rows: Sequence[Row], path: str, *, group: str, series: str,
               title: str = "", ylabel: str = "") -> str:
   """:func:`bar_figure` saved as a PNG at ``path``; returns ``path``."""

@@ -127,8 +127,7 @@ def plot_curves(workdir: str, runs: Sequence[_harness.Run], path: str, title: st
 def plot_titles(model: str, norm: str, dataset: str) -> tuple[str, str]:
   """The titles of E1's accuracy bars and evaluation curves; both name the data, and the
   ``fake`` set (the smoke run's random images) as such: its numbers mean nothing."""
-  data = ("FAKE data (random images: a smoke test, the numbers mean nothing)"
-          if dataset == "fake" else dataset)
+  data = _harness.data_label(dataset)
   return (f"E1 {model} {norm}: validation accuracy on {data}",
           f"E1 {model} {norm} on {data}: evaluation over training")
 

@@ -176,14 +176,22 @@ def main(argv):
       notes.append(f"Table 2, {variant}: top-1 {top1} at batch 256/512/1024")
   plots = []
   if _harness.is_writer():
+    bars, curves = plot_titles(base.data["name"])
     plots.append(_harness.plot_rows(rows, os.path.join(base.workdir, "e2_accuracy.png"),
-                                    group="batch", series="variant",
-                                    title="E2 VGG-6 ImageNet32 validation accuracy"))
+                                    group="batch", series="variant", title=bars))
     plots.append(e1.plot_curves(base.workdir, plan, os.path.join(base.workdir, "e2_curves.png"),
-                                "E2 VGG-6: evaluation over training (cf. paper Fig. 4)"))
+                                curves))
   _harness.write_report(base.workdir, experiment="vgg6_imagenet32",
                         title="E2 — VGG-6 on ImageNet32 (GmP Table 2)", rows=rows, config=base,
                         notes=notes, plots=plots, seconds=time.perf_counter() - start)
+
+
+def plot_titles(dataset: str) -> tuple[str, str]:
+  """The titles of E2's accuracy bars and evaluation curves, naming the data (the smoke
+  run's ``fake`` images as such)."""
+  data = _harness.data_label(dataset)
+  return (f"E2 VGG-6: validation accuracy on {data}",
+          f"E2 VGG-6 on {data}: evaluation over training (cf. paper Fig. 4)")
 
 
 if __name__ == "__main__":

@@ -131,3 +131,11 @@ def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith(f"error: {message}"), last
   assert not (tmp_path / "runs").exists()
+
+
+def test_smoke_plots_say_they_ran_on_fake_data():
+  config = Config.from_dict({**e2_config.get_config("smoke").to_dict(), "workdir": "w"})
+  for title in e2.plot_titles(config.data["name"]):
+    assert "on FAKE data (random images: a smoke test, the numbers mean nothing)" in title
+  for title in e2.plot_titles("imagenet_resized/32x32"):
+    assert "on imagenet_resized/32x32" in title and "FAKE" not in title
