@@ -22,8 +22,24 @@ from experiments import _harness
 _OUTPUT = flags.DEFINE_string("output", "", "Also write the merged markdown here.")
 
 
-def merge(workdirs: Sequence[str]) -> str:
-  """The merged markdown of the reports in ``workdirs`` (in the order given).
+def _plot_link(plot: str, workdir: str, base: str) -> str:
+  """Where ``plot`` (a path ``results.json`` recorded) is now, relative to ``base``.
+
+  A plot inside the workdir it was written to is found under ``workdir`` as given,
+  also when that workdir has been moved since (by its name there).
+  """
+  inside = _harness.relative_to(plot, workdir)
+  if inside == plot and "://" not in plot:   # written elsewhere, or the workdir moved
+    moved = os.path.join(workdir, os.path.basename(plot))
+    inside = os.path.basename(plot) if os.path.exists(moved) else None
+  if inside is None or "://" in workdir:
+    return plot if inside is None else f"{workdir.rstrip('/')}/{inside}"
+  return os.path.relpath(os.path.join(workdir, inside), base)
+
+
+def merge(workdirs: Sequence[str], base: str = ".") -> str:
+  """The merged markdown of the reports in ``workdirs`` (in the order given), with the
+  plots linked relative to the directory ``base`` (where the markdown is read from).
 
   Raises:
     FileNotFoundError: a workdir without ``results.json``.
@@ -51,14 +67,15 @@ def merge(workdirs: Sequence[str]) -> str:
         prefix = f"{os.path.basename(os.path.normpath(workdir))}: " if len(entries) > 1 else ""
         sections.append(f"- {prefix}{note}")
       for plot in results.get("plots", []):
-        sections.append(f"- plot: {plot}")
+        sections.append(f"- plot: {_plot_link(plot, workdir, base)}")
     sections.append("")
   return "\n".join(sections)
 
 
 def main(argv: Sequence[str]) -> None:
   try:
-    markdown = merge(argv[1:])
+    markdown = merge(argv[1:], base=os.path.dirname(os.path.abspath(_OUTPUT.value))
+                     if _OUTPUT.value else ".")
   except (FileNotFoundError, ValueError) as e:
     _harness.fail(str(e))
   print(markdown)

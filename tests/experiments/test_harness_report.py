@@ -55,6 +55,24 @@ def test_merge_groups_by_experiment_and_labels_repeated_runs(tmp_path):
   assert "- released: protocol: released" in merged
 
 
+def test_merge_links_plots_relative_to_where_the_markdown_is_read(tmp_path):
+  """Plots are linked from the merged markdown's directory, also after the workdir moved."""
+  old = tmp_path / "old" / "uci"
+  _fixture(old, "uci", "E3 UCI", [_harness.Row({"variant": "gmp"}, "RMSE", [3.0])])
+  results = json.loads((old / "results.json").read_text())
+  results["plots"] = [str(old / "uci.png"), "/elsewhere/shared.png"]
+  (old / "results.json").write_text(json.dumps(results))
+  (old / "uci.png").write_bytes(b"png")
+  merged = report.merge([str(old)], base=str(tmp_path))
+  assert "- plot: old/uci/uci.png" in merged
+  assert "- plot: /elsewhere/shared.png" in merged            # not in the workdir: as recorded
+  moved = tmp_path / "new" / "uci"
+  os.makedirs(moved.parent)
+  os.rename(old, moved)
+  merged = report.merge([str(moved)], base=str(tmp_path / "new"))
+  assert "- plot: uci/uci.png" in merged
+
+
 def test_merge_cli_errors_name_the_missing_results(tmp_path):
   proc = _cli.run("report", str(tmp_path / "nothing"), check=False)
   assert proc.returncode == 2
