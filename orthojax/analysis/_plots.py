@@ -193,18 +193,24 @@ def plot_jacobian_spectrum(singular_values: Any, path: str | os.PathLike, *,
   return _save(fig, path)
 
 
+def _pairs(x: Any, y: Any, who: str, minimum: int) -> tuple[np.ndarray, np.ndarray]:
+  """Two equal-length float64 samples of at least ``minimum`` pairs (else ValueError)."""
+  x = np.asarray(x, dtype=np.float64).reshape(-1)
+  y = np.asarray(y, dtype=np.float64).reshape(-1)
+  if x.shape != y.shape:
+    raise ValueError(f"{who}: samples differ in length ({x.size} vs {y.size})")
+  if x.size < minimum:
+    raise ValueError(f"{who}: needs at least {minimum} pairs")
+  return x, y
+
+
 def pearson(x: Any, y: Any) -> float:
   r"""Pearson's ``ρ = cov(x, y) / (σ_x σ_y)`` of two equal-length samples.
 
   Raises:
-    ValueError: different lengths or fewer than 2 points.
+    ValueError: different lengths or fewer than 2 pairs.
   """
-  x = np.asarray(x, dtype=np.float64).reshape(-1)
-  y = np.asarray(y, dtype=np.float64).reshape(-1)
-  if x.shape != y.shape:
-    raise ValueError(f"pearson: samples differ in length ({x.size} vs {y.size})")
-  if x.size < 2:
-    raise ValueError("pearson: needs at least 2 points")
+  x, y = _pairs(x, y, "pearson", 2)
   xc, yc = x - x.mean(), y - y.mean()
   denom = math.sqrt(float(np.sum(xc * xc)) * float(np.sum(yc * yc)))
   return float(np.sum(xc * yc) / denom) if denom > 0 else float("nan")
@@ -235,12 +241,7 @@ def pearson_interval(x: Any, y: Any, *, confidence: float = 0.95, n_resamples: i
   """
   from scipy import stats  # pylint: disable=g-import-not-at-top
 
-  x = np.asarray(x, dtype=np.float64).reshape(-1)
-  y = np.asarray(y, dtype=np.float64).reshape(-1)
-  if x.shape != y.shape:
-    raise ValueError(f"pearson_interval: samples differ in length ({x.size} vs {y.size})")
-  if x.size < 3:
-    raise ValueError("pearson_interval: needs at least 3 pairs")
+  x, y = _pairs(x, y, "pearson_interval", 3)
   if not 0.0 < confidence < 1.0:
     raise ValueError(f"pearson_interval: confidence={confidence} must be in (0, 1)")
 
