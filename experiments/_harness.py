@@ -428,6 +428,12 @@ def split_record_key(split: str) -> str:
   return f"{split}_split" if split in _RECORD_KEYS else split
 
 
+def result_path(run: Run, workdir: str) -> str:
+  """``result.json`` of ``run``: it exists once the run finished (:func:`execute` then
+  reads it back instead of training)."""
+  return os.path.join(run.directory(workdir), "result.json")
+
+
 def execute(run: Run, workdir: str, *, verbose: bool = False,
             extra: Callable[[Any], dict[str, Any]] | None = None,
             print_fn: Callable[..., None] = print) -> dict[str, Any]:
@@ -444,7 +450,7 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
   from orthojax.train import trainer  # pylint: disable=g-import-not-at-top
 
   run_dir = run.directory(workdir)
-  done = os.path.join(run_dir, "result.json")
+  done = result_path(run, workdir)
   if epath.Path(done).exists():
     record = json.loads(epath.Path(done).read_text())
     print_fn(f"  {run.name}: done earlier ({_summary(record)})", flush=True)

@@ -358,7 +358,7 @@ def main(argv):
   later = {e for e in epochs if e > 0}
   trained = [r for r in runs if dict(r.tags)["seed"] < train_seeds]
   for run in (trained if "train" in stages else ()):
-    if (epath.Path(run.directory(base.workdir)) / "result.json").exists():   # read back
+    if epath.Path(_harness.result_path(run, base.workdir)).exists():   # read back
       records.append(_harness.execute(run, base.workdir, verbose=flags.FLAGS.verbose))
       continue
     diag = diagnostics_of(run)
