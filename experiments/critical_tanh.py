@@ -507,7 +507,7 @@ def summarize(init_records, records, q_stars, kinds, workdir):
 
 def _curves(records, workdir, key, ylabel, name, log=False) -> str:
   """Mean over seeds of ``key`` against epochs (diagnostics) or steps (train loss),
-  one line per (weights, q*)."""
+  one line per (weights, q*): one colour per q*, one line style per kind of network."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -516,6 +516,7 @@ def _curves(records, workdir, key, ylabel, name, log=False) -> str:
   groups: dict[tuple[str, str], list] = {}
   for r in records:
     groups.setdefault((r["tags"]["weights"], r["tags"]["q_star"]), []).append(r)
+  colors = {q: f"C{i}" for i, q in enumerate(sorted({q for _, q in groups}, key=float))}
   for (kind, q), rs in sorted(groups.items()):
     if key == "loss":
       series = [dict(r["train_curve"]) for r in rs]
@@ -525,7 +526,7 @@ def _curves(records, workdir, key, ylabel, name, log=False) -> str:
     ys = [np.mean([s[x] for s in series]) for x in xs]
     ax.plot(xs, ys, marker="o" if key != "loss" else None, markersize=3,
             linestyle={"euclidean": "-", "stiefel": "--", "oblique": ":"}.get(kind, "-"),
-            label=f"{kind}, q*={q}")
+            color=colors[q], label=f"{kind}, q*={q}")   # colour: q*; line style: kind
   ax.set_xlabel("step" if key == "loss" else "epoch")
   ax.set_ylabel(ylabel)
   if log:
