@@ -598,7 +598,7 @@ def _curves(records, workdir, key, ylabel, name, log=False) -> str:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig, ax = plt.subplots(figsize=(7.5, 4))
   groups: dict[tuple[str, str], list] = {}
   for r in records:
     groups.setdefault((r["tags"]["weights"], r["tags"]["q_star"]), []).append(r)
@@ -617,7 +617,7 @@ def _curves(records, workdir, key, ylabel, name, log=False) -> str:
   ax.set_ylabel(ylabel)
   if log:
     ax.set_yscale("log")
-  ax.legend(fontsize=7)
+  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))   # beside the curves
   fig.tight_layout()
   path = os.path.join(workdir, name)
   return _harness.save_figure(fig, path)
