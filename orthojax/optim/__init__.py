@@ -6,7 +6,9 @@ Optimizers: :func:`rsgd`, :func:`radam`, :func:`projected_gradient`,
 :func:`cayley_sgd`, :func:`cayley_adam`, :func:`landing`, :func:`muon`,
 :func:`stiefel_muon`; :func:`fused_stiefel_adam` is ``radam``'s fused Stiefel
 path. Regularisation: :func:`add_orthogonality_penalty`.
-Routing: :func:`partition`.
+Routing: :func:`partition`. Pod scale: :func:`shard_update` (each matrix's update
+computed once, by its owner device), :func:`sharded_updates`,
+:func:`replicated_state` / :func:`sharded_state`.
 """
 
 from orthojax.optim._alias import projected_gradient
@@ -32,3 +34,13 @@ from orthojax.optim._riemannian import project_to_tangent
 from orthojax.optim._riemannian import retract
 from orthojax.optim._riemannian import riemannian_momentum
 from orthojax.optim._riemannian import scale_by_riemannian_adam
+from orthojax.optim._owners import MatrixLeaf
+from orthojax.optim._owners import Piece
+from orthojax.optim._owners import assign_owners
+from orthojax.optim._sharded import ShardedUpdateState
+from orthojax.optim._sharded import UpdateLayout
+from orthojax.optim._sharded import num_owners
+from orthojax.optim._sharded import replicated_state
+from orthojax.optim._sharded import shard_update
+from orthojax.optim._sharded import sharded_state
+from orthojax.optim._sharded import sharded_updates

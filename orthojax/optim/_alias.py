@@ -10,12 +10,14 @@ from orthojax.manifolds import Manifold, Stiefel
 from orthojax.optim._fused import fused_stiefel_adam, supports_fused
 from orthojax.optim._riemannian import (project_to_tangent, retract, riemannian_momentum,
                                          scale_by_riemannian_adam)
+from orthojax.optim._sharded import owner_sharded
 
 
 def _default(manifold):
   return Stiefel() if manifold is None else manifold
 
 
+@owner_sharded
 def rsgd(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Manifold | None = None,
@@ -45,6 +47,7 @@ def rsgd(
   return optax.chain(*links)
 
 
+@owner_sharded
 def radam(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Manifold | None = None,
@@ -83,6 +86,7 @@ def radam(
   )
 
 
+@owner_sharded
 def projected_gradient(
     optimizer: optax.GradientTransformation | optax.ScalarOrSchedule,
     manifold: Manifold | None = None,

@@ -51,6 +51,7 @@ from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import cayley_generator, polish
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
+from orthojax.optim._sharded import owner_sharded
 
 
 class CayleyState(NamedTuple):
@@ -115,6 +116,7 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
   return optax.GradientTransformation(init_fn, scoped("cayley", update_fn))
 
 
+@owner_sharded
 def cayley_sgd(
     learning_rate: optax.ScalarOrSchedule,
     momentum: float = 0.9,
@@ -144,6 +146,7 @@ def cayley_sgd(
                            reorthonormalize_every, views, "cayley_sgd")
 
 
+@owner_sharded
 def cayley_adam(
     learning_rate: optax.ScalarOrSchedule,
     b1: float = 0.9,

@@ -77,6 +77,7 @@ from orthojax.optim._riemannian import (RetractState, ScaleByRiemannianAdamState
                                          _SECOND_MOMENTS, _require_params, project_to_tangent,
                                          retract, scale_by_riemannian_adam)
 from orthojax.optim._scope import scoped
+from orthojax.optim._sharded import owner_sharded
 
 
 def _sq(x):
@@ -122,6 +123,7 @@ def cayley_iterative_from_coordinates(x, xi, omega, iterations):
   return x @ z + xi_perp @ k
 
 
+@owner_sharded
 def fused_stiefel_adam(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Stiefel,

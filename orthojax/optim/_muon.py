@@ -25,6 +25,7 @@ from orthojax import linalg
 from orthojax.linalg import leaf_names, views_for
 from orthojax.manifolds import Stiefel
 from orthojax.optim._riemannian import retract
+from orthojax.optim._sharded import owner_sharded
 
 
 def to_muon(view: Any) -> MuonDimensionNumbers:
@@ -56,6 +57,7 @@ def _dims(leaves, names, views):
   return out
 
 
+@owner_sharded
 def muon(learning_rate: optax.ScalarOrSchedule, *, views: Any = None,
          **kwargs: Any) -> optax.GradientTransformation:
   """``optax.contrib.muon`` with dimension numbers derived from the matrix view.
@@ -73,6 +75,7 @@ def muon(learning_rate: optax.ScalarOrSchedule, *, views: Any = None,
       **kwargs)
 
 
+@owner_sharded
 def stiefel_muon(
     learning_rate: optax.ScalarOrSchedule,
     *,

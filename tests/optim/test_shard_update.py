@@ -1,0 +1,210 @@
+"""Owner-sharded updates equal the replicated ones, for every orthogonalizing optimizer.
+
+Every case runs the same transformation twice under ``jax.jit`` on the same
+devices — replicated, and wrapped by ``oj.optim.shard_update`` — for three
+steps from the same point, and compares the updates and the state
+(``oj.optim.replicated_state``) leaf by leaf.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import AxisType, Mesh
+
+import orthojax as oj
+from orthojax.optim import _owners
+
+STACKED = oj.linalg.MatrixView.stacked()
+CONV = oj.linalg.MatrixView.conv(2)
+# A tall and a wide Dense kernel, a conv kernel, a stack with fewer layers than
+# devices and one whose layer count 8 does not divide.
+SHAPES = {"tall": (24, 8), "wide": (6, 20), "conv": (3, 3, 4, 8), "few": (3, 16, 12),
+          "odd": (13, 12, 12)}
+VIEWS = {"few": STACKED, "odd": STACKED}
+
+OPTIMIZERS = {
+    "radam-fused-qr": lambda: oj.optim.radam(1e-2, views=VIEWS),
+    "radam-fused-cayley": lambda: oj.optim.radam(1e-2, oj.manifolds.Stiefel("cayley"),
+                                                 views=VIEWS),
+    "radam-chain-canonical": lambda: oj.optim.radam(
+        1e-2, oj.manifolds.Stiefel("cayley", metric="canonical"), views=VIEWS),
+    "radam-chain-oblique": lambda: oj.optim.radam(1e-2, oj.manifolds.Oblique(), views=VIEWS),
+    "rsgd-momentum": lambda: oj.optim.rsgd(1e-2, momentum=0.9, views=VIEWS),
+    "cayley_sgd": lambda: oj.optim.cayley_sgd(1e-2, views=VIEWS),
+    "cayley_adam": lambda: oj.optim.cayley_adam(1e-2, views=VIEWS),
+    "landing": lambda: oj.optim.landing(1e-2, views=VIEWS),
+    "projected_gradient": lambda: oj.optim.projected_gradient(optax.adam(1e-2), views=VIEWS),
+    "muon": lambda: oj.optim.muon(1e-2, views=VIEWS),
+    "stiefel_muon": lambda: oj.optim.stiefel_muon(1e-2, views=VIEWS),
+}
+
+
+def _mesh(data, fsdp=1):
+  if jax.device_count() < data * fsdp:
+    pytest.skip(f"needs {data * fsdp} (simulated) devices")
+  devices = np.array(jax.devices()[:data * fsdp]).reshape(data, fsdp)
+  return Mesh(devices, ("data", "fsdp"), axis_types=(AxisType.Auto,) * 2)
+
+
+def _params(dtype, shapes=SHAPES, manifold=None):
+  manifold = manifold or oj.manifolds.Stiefel()
+  keys = jax.random.split(jax.random.key(0), len(shapes))
+  return {name: manifold.random(k, shape, view=VIEWS.get(name)).astype(dtype)
+          for k, (name, shape) in zip(keys, sorted(shapes.items()))}
+
+
+def _grads(params, step):
+  keys = jax.random.split(jax.random.key(step + 1), len(params))
+  return {name: jax.random.normal(k, p.shape, jnp.float32).astype(p.dtype)
+          for k, (name, p) in zip(keys, sorted(params.items()))}
+
+
+def _trajectory(tx, params, steps=3):
+  init, update = jax.jit(tx.init), jax.jit(tx.update)
+  state = init(params)
+  out = []
+  for step in range(steps):
+    updates, state = update(_grads(params, step), state, params)
+    params = optax.apply_updates(params, updates)
+    out.append(updates)
+  return out, params, state
+
+
+def _close(a, b, dtype):
+  if dtype == jnp.bfloat16:   # float32 arithmetic rounded to bfloat16: one ulp apart at most
+    kw = dict(rtol=2 ** -7, atol=2 ** -7)
+  else:
+    kw = dict(rtol=2e-5, atol=2e-6)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(
+      np.asarray(x, np.float32), np.asarray(y, np.float32), **kw), a, b)
+
+
+def _compare(make, mesh, dtype, params=None):
+  params = _params(dtype) if params is None else params
+  replicated = make()
+  with oj.optim.sharded_updates(mesh):
+    sharded = make()
+  ref_updates, ref_params, ref_state = _trajectory(replicated, params)
+  got_updates, got_params, got_state = _trajectory(sharded, params)
+  is_sharded = lambda x: isinstance(x, oj.optim.ShardedUpdateState)
+  assert any(map(is_sharded, jax.tree.leaves(got_state, is_leaf=is_sharded)))
+  for ref, got in zip(ref_updates, got_updates):
+    _close(got, ref, dtype)
+  _close(got_params, ref_params, dtype)
+  _close(oj.optim.replicated_state(got_state), ref_state, dtype)
+  return got_state
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_sharded_equals_replicated_float32(name):
+  params = None
+  if name == "radam-chain-oblique":
+    params = _params(jnp.float32, manifold=oj.manifolds.Oblique())
+  _compare(OPTIMIZERS[name], _mesh(8), jnp.float32, params)
+
+
+@pytest.mark.parametrize("name", ["radam-fused-qr", "radam-fused-cayley", "rsgd-momentum",
+                                  "cayley_adam", "landing", "muon", "stiefel_muon"])
+def test_sharded_equals_replicated_bfloat16(name):
+  _compare(OPTIMIZERS[name], _mesh(8), jnp.bfloat16)
+
+
+@pytest.mark.parametrize("data,fsdp", [(1, 8), (2, 4)])
+@pytest.mark.parametrize("name", ["radam-fused-qr", "muon"])
+def test_fsdp_and_data_times_fsdp_meshes(name, data, fsdp):
+  _compare(OPTIMIZERS[name], _mesh(data, fsdp), jnp.float32)
+
+
+def test_state_lives_on_its_owner_and_round_trips():
+  mesh = _mesh(8)
+  params = _params(jnp.float32)
+  tx = oj.optim.shard_update(oj.optim.radam(1e-2, views=VIEWS), mesh, views=VIEWS)
+  state = jax.jit(tx.init)(params)
+  # One row per owner, split over the devices: each holds its own matrices' moments.
+  for buffer in state.owned.values():
+    assert buffer.shape[0] == 8
+    assert {s.data.shape[0] for s in buffer.addressable_shards} == {1}
+  # The owners together hold the replicated state once, plus a copy of the step
+  # counters each; each row is as long as the fullest owner's.
+  replicated = oj.optim.radam(1e-2, views=VIEWS).init(params)
+  nbytes = lambda xs: sum(x.size * x.dtype.itemsize for x in xs)
+  layout = state.layout
+  held = [sum(int(np.prod(e[0])) * np.dtype(e[1]).itemsize for e in o.entries if e)
+          for o in layout.owner_states]
+  counters = nbytes([replicated[1].count, replicated[3].count])
+  assert sum(held) == nbytes(jax.tree.leaves(replicated)) + 7 * counters
+  assert layout.state_bytes_per_owner() == max(held)
+  # replicated_state / sharded_state are inverse to each other.
+  state = _trajectory(tx, params)[2]
+  again = oj.optim.sharded_state(oj.optim.replicated_state(state), state)
+  jax.tree.map(np.testing.assert_array_equal, again, state)
+
+
+def test_resume_on_another_device_count_and_replicated():
+  """Three steps on 8 owners, then three on 4 and on 1 (replicated), equal three + three on 8."""
+  params = _params(jnp.float32)
+  make = OPTIMIZERS["radam-fused-cayley"]
+  ref_updates, ref_params, ref_state = _trajectory(
+      oj.optim.shard_update(make(), _mesh(8), views=VIEWS), params, steps=6)
+  first = oj.optim.shard_update(make(), _mesh(8), views=VIEWS)
+  _, mid_params, mid_state = _trajectory(first, params, steps=3)
+  # As a checkpoint holds it: the replicated layout, as host arrays.
+  saved = jax.device_get(oj.optim.replicated_state(mid_state))
+  mid_params = jax.device_get(mid_params)
+  for mesh in (_mesh(4), _mesh(1)):
+    tx = oj.optim.shard_update(make(), mesh, views=VIEWS)
+    like = jax.eval_shape(tx.init, mid_params)
+    state = oj.optim.sharded_state(saved, like)
+    p = mid_params
+    for step in range(3, 6):
+      updates, state = jax.jit(tx.update)(_grads(params, step), state, p)
+      p = optax.apply_updates(p, updates)
+    _close(p, ref_params, jnp.float32)
+
+
+def test_partitioned_model_shards_only_the_manifold_group():
+  """As the trainer builds it: partition(stiefel=radam (sharded), euclidean=adam)."""
+  mesh = _mesh(8)
+  params = {**_params(jnp.float32), "bias": jnp.linspace(-1.0, 1.0, 7)}
+  labels = {name: "euclidean" if name == "bias" else "stiefel" for name in params}
+  make = lambda: oj.optim.partition(labels, stiefel=oj.optim.radam(1e-2, views=VIEWS),
+                                    euclidean=optax.adam(1e-2))
+  _compare(make, mesh, jnp.float32, params)
+
+
+def test_non_per_leaf_state_is_refused_with_one_line():
+  mesh = _mesh(8)
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(1e-2))
+  params = {"kernel": jnp.ones((8, 4)), "extra": jnp.ones((8, 4))}
+  sharded = oj.optim.shard_update(oj.optim.muon(1e-2), mesh)
+  sharded.init(params)   # per-leaf: fine
+  with pytest.raises(ValueError, match="axes"):
+    oj.optim.shard_update(tx, Mesh(np.array(jax.devices()[:2]), ("batch",)))
+  del tx
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_owner_assignment_covers_every_matrix_once_and_balances(seed):
+  rng = np.random.default_rng(seed)
+  leaves = []
+  for i in range(int(rng.integers(1, 30))):
+    n, p = sorted(int(x) for x in rng.integers(8, 512, size=2))[::-1]
+    layers = int(rng.choice([1, 1, 1, 3, 13, 200]))
+    batch = () if layers == 1 else (0,)
+    shape = (n, p) if layers == 1 else (layers, n, p)
+    leaves.append(_owners.MatrixLeaf(i, shape, batch, _owners.matrix_cost(n, p)))
+  for owners in (1, 3, 8, 16, 64):
+    pieces = _owners.assign_owners(leaves, owners)
+    for leaf in leaves:
+      mine = sorted(p for ps in pieces for p in ps if p.index == leaf.index)
+      assert mine[0].start == 0 and mine[-1].stop == leaf.length
+      assert all(a.stop == b.start for a, b in zip(mine, mine[1:]))   # a partition
+    assert all(len({p.index for p in ps}) == len(ps) for ps in pieces)  # one piece per leaf
+    loads = _owners.loads(leaves, pieces)
+    biggest = max([leaf.matrix_cost for leaf in leaves if leaf.length == 1], default=0)
+    layer = max([leaf.matrix_cost for leaf in leaves if leaf.length > 1], default=0)
+    # Graham's LPT bound on the single matrices (against the optimum's lower bound
+    # max(mean, biggest)), plus less than one layer of water-filling overshoot.
+    assert max(loads) <= 4 / 3 * max(sum(loads) / owners, biggest) + layer
