@@ -1,7 +1,7 @@
 """Owner-sharded updates equal the replicated ones, for every orthogonalizing optimizer.
 
 Every case runs the same transformation twice under ``jax.jit`` on the same
-devices — replicated, and wrapped by ``oj.optim.shard_update`` — for three
+devices — replicated, and wrapped by ``oj.optim.shard_update`` — for two
 steps from the same point, and compares the updates and the state
 (``oj.optim.replicated_state``) leaf by leaf.
 """
@@ -11,18 +11,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import AxisType, Mesh
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 import orthojax as oj
 from orthojax.optim import _owners
 
 STACKED = oj.linalg.MatrixView.stacked()
 CONV = oj.linalg.MatrixView.conv(2)
-# A tall and a wide Dense kernel, a conv kernel, a stack with fewer layers than
+# A wide Dense kernel, a (tall) conv kernel, a stack with fewer layers than
 # devices and one whose layer count 8 does not divide.
-SHAPES = {"tall": (24, 8), "wide": (6, 20), "conv": (3, 3, 4, 8), "few": (3, 16, 12),
-          "odd": (13, 12, 12)}
+SHAPES = {"wide": (6, 20), "conv": (3, 3, 4, 8), "few": (3, 16, 12), "odd": (13, 12, 12)}
 VIEWS = {"few": STACKED, "odd": STACKED}
+# For the dtype and mesh cases: a wide kernel and an odd stack (each compile is seconds).
+SMALL = {"wide": (6, 20), "odd": (13, 12, 12)}
 
 OPTIMIZERS = {
     "radam-fused-qr": lambda: oj.optim.radam(1e-2, views=VIEWS),
@@ -56,18 +57,25 @@ def _params(dtype, shapes=SHAPES, manifold=None):
 
 
 def _grads(params, step):
-  keys = jax.random.split(jax.random.key(step + 1), len(params))
-  return {name: jax.random.normal(k, p.shape, jnp.float32).astype(p.dtype)
-          for k, (name, p) in zip(keys, sorted(params.items()))}
+  rng = np.random.default_rng(step)
+  return {name: jnp.asarray(rng.standard_normal(p.shape), p.dtype)
+          for name, p in sorted(params.items())}
 
 
-def _trajectory(tx, params, steps=3):
-  init, update = jax.jit(tx.init), jax.jit(tx.update)
-  state = init(params)
+def _trajectory(tx, params, mesh, steps=2):
+  # Inputs replicated on the mesh as the step's outputs are: one compile per case.
+  params = jax.device_put(params, NamedSharding(mesh, P()))
+
+  @jax.jit
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return updates, optax.apply_updates(params, updates), state
+
+  state = jax.jit(tx.init)(params)
   out = []
-  for step in range(steps):
-    updates, state = update(_grads(params, step), state, params)
-    params = optax.apply_updates(params, updates)
+  for i in range(steps):
+    grads = jax.device_put(_grads(params, i), NamedSharding(mesh, P()))
+    updates, params, state = step(params, state, grads)
     out.append(updates)
   return out, params, state
 
@@ -81,19 +89,19 @@ def _close(a, b, dtype):
       np.asarray(x, np.float32), np.asarray(y, np.float32), **kw), a, b)
 
 
-def _compare(make, mesh, dtype, params=None):
-  params = _params(dtype) if params is None else params
+def _compare(make, mesh, dtype, params=None, shapes=SHAPES):
+  params = _params(dtype, shapes) if params is None else params
   replicated = make()
   with oj.optim.sharded_updates(mesh):
     sharded = make()
-  ref_updates, ref_params, ref_state = _trajectory(replicated, params)
-  got_updates, got_params, got_state = _trajectory(sharded, params)
+  ref_updates, ref_params, ref_state = _trajectory(replicated, params, mesh)
+  got_updates, got_params, got_state = _trajectory(sharded, params, mesh)
   is_sharded = lambda x: isinstance(x, oj.optim.ShardedUpdateState)
   assert any(map(is_sharded, jax.tree.leaves(got_state, is_leaf=is_sharded)))
   for ref, got in zip(ref_updates, got_updates):
     _close(got, ref, dtype)
   _close(got_params, ref_params, dtype)
-  _close(oj.optim.replicated_state(got_state), ref_state, dtype)
+  _close(jax.jit(oj.optim.replicated_state)(got_state), ref_state, dtype)
   return got_state
 
 
@@ -108,13 +116,13 @@ def test_sharded_equals_replicated_float32(name):
 @pytest.mark.parametrize("name", ["radam-fused-qr", "radam-fused-cayley", "rsgd-momentum",
                                   "cayley_adam", "landing", "muon", "stiefel_muon"])
 def test_sharded_equals_replicated_bfloat16(name):
-  _compare(OPTIMIZERS[name], _mesh(8), jnp.bfloat16)
+  _compare(OPTIMIZERS[name], _mesh(8), jnp.bfloat16, shapes=SMALL)
 
 
 @pytest.mark.parametrize("data,fsdp", [(1, 8), (2, 4)])
 @pytest.mark.parametrize("name", ["radam-fused-qr", "muon"])
 def test_fsdp_and_data_times_fsdp_meshes(name, data, fsdp):
-  _compare(OPTIMIZERS[name], _mesh(data, fsdp), jnp.float32)
+  _compare(OPTIMIZERS[name], _mesh(data, fsdp), jnp.float32, shapes=SMALL)
 
 
 def test_state_lives_on_its_owner_and_round_trips():
@@ -137,29 +145,30 @@ def test_state_lives_on_its_owner_and_round_trips():
   assert sum(held) == nbytes(jax.tree.leaves(replicated)) + 7 * counters
   assert layout.state_bytes_per_owner() == max(held)
   # replicated_state / sharded_state are inverse to each other.
-  state = _trajectory(tx, params)[2]
-  again = oj.optim.sharded_state(oj.optim.replicated_state(state), state)
+  state = _trajectory(tx, params, mesh)[2]
+  again = jax.jit(lambda s: oj.optim.sharded_state(oj.optim.replicated_state(s), s))(state)
   jax.tree.map(np.testing.assert_array_equal, again, state)
 
 
 def test_resume_on_another_device_count_and_replicated():
-  """Three steps on 8 owners, then three on 4 and on 1 (replicated), equal three + three on 8."""
-  params = _params(jnp.float32)
+  """Two steps on 8 owners, then two on 4 and on 1 (replicated), equal four on 8."""
+  params = _params(jnp.float32, SMALL)
   make = OPTIMIZERS["radam-fused-cayley"]
   ref_updates, ref_params, ref_state = _trajectory(
-      oj.optim.shard_update(make(), _mesh(8), views=VIEWS), params, steps=6)
+      oj.optim.shard_update(make(), _mesh(8), views=VIEWS), params, _mesh(8), steps=4)
   first = oj.optim.shard_update(make(), _mesh(8), views=VIEWS)
-  _, mid_params, mid_state = _trajectory(first, params, steps=3)
+  _, mid_params, mid_state = _trajectory(first, params, _mesh(8), steps=2)
   # As a checkpoint holds it: the replicated layout, as host arrays.
-  saved = jax.device_get(oj.optim.replicated_state(mid_state))
+  saved = jax.device_get(jax.jit(oj.optim.replicated_state)(mid_state))
   mid_params = jax.device_get(mid_params)
   for mesh in (_mesh(4), _mesh(1)):
     tx = oj.optim.shard_update(make(), mesh, views=VIEWS)
     like = jax.eval_shape(tx.init, mid_params)
-    state = oj.optim.sharded_state(saved, like)
+    state = jax.jit(lambda s: oj.optim.sharded_state(s, like))(saved)
+    update = jax.jit(tx.update)
     p = mid_params
-    for step in range(3, 6):
-      updates, state = jax.jit(tx.update)(_grads(params, step), state, p)
+    for step in range(2, 4):
+      updates, state = update(_grads(params, step), state, p)
       p = optax.apply_updates(p, updates)
     _close(p, ref_params, jnp.float32)
 
