@@ -44,12 +44,16 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """The keywords of ``orthojax.train.mesh.make_mesh``: axis sizes (−1 fills) and slices."""
+  """The keywords of ``orthojax.train.mesh.make_mesh`` — axis sizes (−1 fills) and
+  slices — and ``shard_update``: on a mesh with more than one data-parallel device,
+  each matrix's orthogonalizing update is computed once, by its owner device
+  (:func:`orthojax.optim.shard_update`); false replicates the update on every device."""
 
   data: int = -1
   fsdp: int = 1
   model: int = 1
   num_slices: int = 1
+  shard_update: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,13 +66,15 @@ class CheckpointConfig:
 
 
 # Keys a resumed run may change: where and how often it logs, evaluates and saves, the
-# devices and mesh it runs on, how it guards against non-finite steps, micro-batching
+# devices and mesh it runs on (and whether its update is owner-sharded: checkpoints hold
+# the replicated layout), how it guards against non-finite steps, micro-batching
 # (the same update up to rounding), and how far it trains when the schedule does not
 # depend on the total length. Every other key changes the run's mathematics and is
 # refused on resume.
 RESUMABLE_KEYS = ("workdir", "data.data_dir", "log_every", "eval_every", "checkpoint.every_steps",
                   "checkpoint.keep", "spectrum_every", "final_eval_splits", "eval_batch_size",
-                  "mesh.data", "mesh.fsdp", "mesh.model", "mesh.num_slices", "nan_policy",
+                  "mesh.data", "mesh.fsdp", "mesh.model", "mesh.num_slices", "mesh.shard_update",
+                  "nan_policy",
                   "max_skipped_fraction", "grad_accum_steps")
 LENGTH_KEYS = ("num_steps", "num_epochs")   # resumable with a constant or plateau schedule
 
@@ -258,6 +264,9 @@ class Config:
     _nonnegative("checkpoint.every_steps", self.checkpoint.every_steps)
     _positive("log_every", self.log_every)
     _positive("mesh.num_slices", self.mesh.num_slices)
+    if not isinstance(self.mesh.shard_update, bool):
+      raise ConfigError(f"config.mesh.shard_update={self.mesh.shard_update!r}: must be true or "
+                        f"false")
     for name in ("num_steps", "warmup_steps", "eval_every", "spectrum_every",
                  "early_stopping_patience", "plateau_patience", "num_epochs", "weight_decay",
                  "grad_clip_norm"):

@@ -36,6 +36,8 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from orthojax import optim as oj_optim
+
 AXES = ("data", "fsdp", "model")
 BATCH_AXES = ("data", "fsdp")
 
@@ -224,22 +226,42 @@ def param_shardings(state: Any, mesh: Mesh, rules: Sequence[tuple[str, Any]] = D
 
 def opt_state_shardings(tx: optax.GradientTransformation, abstract_params: Any,
                         params_shardings: Any, mesh: Mesh) -> Any:
-  """Optimizer-state shardings: param-shaped leaves follow their param, the rest replicate.
+  """Optimizer-state shardings of ``tx`` for these params (:func:`state_shardings`)."""
+  return state_shardings(jax.eval_shape(tx.init, abstract_params), abstract_params,
+                         params_shardings, mesh)
 
-  A state tree with the params' structure but other shapes (Riemannian Adam's
-  ``second_moment="matrix"``: one scalar per matrix) is replicated.
-  ``optax.MaskedNode`` s (where a partitioned or masked transformation holds
-  no state for a param) stay as they are: they are empty subtrees.
+
+def state_shardings(abstract_state: Any, abstract_params: Any, params_shardings: Any,
+                    mesh: Mesh) -> Any:
+  """Shardings of an optimizer state: param-shaped leaves follow their param, owners' rows
+  are split over the owner axes, the rest replicate.
+
+  A state leaf follows the param whose key path ends its own (``state.mu['dense']['kernel']``
+  follows ``['dense']['kernel']``) when their shapes agree; a leaf of another shape
+  (Riemannian Adam's ``second_moment="matrix"``: one scalar per matrix) is replicated.
+  The rows of an :class:`orthojax.optim.ShardedUpdateState` (one per owner device) are
+  split over the owner axes; its replicated part is replicated. ``optax.MaskedNode`` s (a
+  partitioned or masked transformation's placeholders) stay as they are.
   """
-  abstract_state = jax.eval_shape(tx.init, abstract_params)
-  masked = lambda x: isinstance(x, optax.MaskedNode)
+  flat = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
+  follow = {tuple(path): (sharding, tuple(leaf.shape))
+            for (path, leaf), sharding in zip(flat, jax.tree.leaves(params_shardings))}
+  rep = replicated(mesh)
 
-  def follow(leaf, sharding, param):
-    if masked(leaf):
-      return leaf
-    return sharding if tuple(leaf.shape) == tuple(param.shape) else replicated(mesh)
+  def leaf_sharding(path, leaf):
+    path = tuple(path)
+    for start in range(len(path) + 1):
+      found = follow.get(path[start:])
+      if found is not None and found[1] == tuple(leaf.shape):
+        return found[0]
+    return rep
 
-  return optax.tree_map_params(
-      tx, follow, abstract_state, params_shardings, abstract_params,
-      transform_non_params=lambda _: replicated(mesh),
-      is_leaf=lambda x: isinstance(x, (NamedSharding, jax.ShapeDtypeStruct)) or masked(x))
+  def node(path, x):
+    if isinstance(x, oj_optim.ShardedUpdateState):
+      rows = NamedSharding(mesh, P(x.layout.axes))
+      return oj_optim.ShardedUpdateState({d: rows for d in x.owned},
+                                         jax.tree.map(lambda _: rep, x.replicated), x.layout)
+    return leaf_sharding(path, x)
+
+  return jax.tree_util.tree_map_with_path(
+      node, abstract_state, is_leaf=lambda x: isinstance(x, oj_optim.ShardedUpdateState))

@@ -18,6 +18,7 @@ what would run (MaxText's ``train_compile`` does the same for its LLM steps).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -70,6 +71,11 @@ class Program:
     train_step: jitted ``(state, batch) -> (state, metrics)``; the state is donated.
     eval_step: jitted ``(state, batch) -> masked sums``.
     step_fn: the train step before ``jax.jit`` (its jaxpr is the program's).
+    saved_sharding: the shardings of the state as checkpoints hold it: the optimizer
+      state in the replicated layout (:func:`orthojax.optim.replicated_state`), so a
+      checkpoint restores on any device count, with or without ``mesh.shard_update``.
+    to_saved: jitted ``state -> state`` in that layout (identity when nothing is sharded).
+    from_saved: its inverse, onto ``state_sharding``.
   """
 
   config: Config
@@ -84,6 +90,9 @@ class Program:
   train_step: Any
   eval_step: Any
   step_fn: Callable[..., Any]
+  saved_sharding: TrainState
+  to_saved: Callable[[TrainState], TrainState]
+  from_saved: Callable[[TrainState], TrainState]
 
   @property
   def classification(self) -> bool:
@@ -113,6 +122,12 @@ class Program:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         shapes, self.state_sharding)
 
+  def abstract_saved_state(self) -> TrainState:
+    """The train state as checkpoints hold it (a restore target)."""
+    shapes = jax.eval_shape(self.to_saved, jax.eval_shape(self.init))
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        shapes, self.saved_sharding)
+
   def abstract_batch(self, *, eval: bool = False) -> dict[str, jax.ShapeDtypeStruct]:  # pylint: disable=redefined-builtin
     """One global batch as ``ShapeDtypeStruct`` s split over the batch axes."""
     size = self.eval_batch_size if eval else self.config.batch_size
@@ -136,7 +151,11 @@ def build_program(config: Config, info: DatasetInfo, *,
     model_fn: ``rngs -> nnx.Module``; default: the model zoo's model of ``config``.
     optimizer: an optax chain or a function of the abstract model returning
       one; default: the chain ``config`` describes
-      (:func:`orthojax.train.optimizers.build`).
+      (:func:`orthojax.train.optimizers.build`). With ``config.mesh.shard_update``
+      on a multi-device mesh, the orthojax optimizers the config or the function
+      builds are owner-sharded (:func:`orthojax.optim.sharded_updates`); a chain
+      given ready-made is used as it is (wrap it in :func:`orthojax.optim.shard_update`
+      yourself).
 
   Raises:
     ConfigError: a config that does not fit the devices (one line naming the flag).
@@ -171,25 +190,21 @@ def build_program(config: Config, info: DatasetInfo, *,
   pure_params = _pure(abs_params)
 
   # ------------------------------------------------------------ Optimizer --
-  if optimizer is None:
-    labels = _pure(oj.nn.manifold_labels(abs_params))
-    if all(label == "euclidean" for label in jax.tree.leaves(labels)):
-      labels = None
-    tx = optimizers.build(config, total_steps=total_steps, labels=labels,
-                          views=_pure(oj.nn.matrix_views(abs_params)),
-                          penalty_mask=model_zoo.penalty_mask(config, abstract, pure_params))
-  elif isinstance(optimizer, optax.GradientTransformation):
-    tx = optimizer
-  else:
-    tx = optimizer(abstract)
+  # Owner-sharded updates: orthojax's orthogonalizing optimizers built here update each
+  # matrix on one device (oj.optim.shard_update); a ready-made chain is used as given.
+  shard = config.mesh.shard_update and oj.optim.num_owners(mesh) > 1
+  with oj.optim.sharded_updates(mesh) if shard else contextlib.nullcontext():
+    tx = _build_optimizer(config, optimizer, abstract, abs_params, pure_params, total_steps)
 
   # ------------------------------------------------------------- Sharding --
   params_sh = mesh_lib.param_shardings(abs_params, mesh)
   rep = mesh_lib.replicated(mesh)
+  abs_opt = jax.eval_shape(tx.init, pure_params)
   state_sh = TrainState(step=rep, params=params_sh,
                         model_state=mesh_lib.param_shardings(abs_rest, mesh),
-                        opt_state=mesh_lib.opt_state_shardings(tx, pure_params, params_sh, mesh),
+                        opt_state=mesh_lib.state_shardings(abs_opt, pure_params, params_sh, mesh),
                         lr_scale=rep, first_nonfinite_step=rep, skipped_steps=rep)
+  saved_sh, to_saved, from_saved = _saved_form(abs_opt, pure_params, params_sh, state_sh, mesh)
 
   def init() -> TrainState:
     _, params, rest = nnx.split(build_model(), nnx.Param, ...)
@@ -212,7 +227,41 @@ def build_program(config: Config, info: DatasetInfo, *,
   return Program(config=config, info=info, mesh=mesh, num_processes=num_processes,
                  total_steps=total_steps, steps_per_epoch=steps_per_epoch, tx=tx,
                  state_sharding=state_sh, init=jax.jit(init, out_shardings=state_sh),
-                 train_step=train_step, eval_step=eval_step, step_fn=step_fn)
+                 train_step=train_step, eval_step=eval_step, step_fn=step_fn,
+                 saved_sharding=saved_sh, to_saved=to_saved, from_saved=from_saved)
+
+
+def _build_optimizer(config: Config, optimizer: OptimizerArg | None, abstract: Any,
+                     abs_params: Any, pure_params: Any,
+                     total_steps: int) -> optax.GradientTransformation:
+  if optimizer is None:
+    labels = _pure(oj.nn.manifold_labels(abs_params))
+    if all(label == "euclidean" for label in jax.tree.leaves(labels)):
+      labels = None
+    return optimizers.build(config, total_steps=total_steps, labels=labels,
+                            views=_pure(oj.nn.matrix_views(abs_params)),
+                            penalty_mask=model_zoo.penalty_mask(config, abstract, pure_params))
+  if isinstance(optimizer, optax.GradientTransformation):
+    return optimizer
+  return optimizer(abstract)
+
+
+def _saved_form(abs_opt: Any, pure_params: Any, params_sh: Any, state_sh: TrainState,
+                mesh: Mesh) -> tuple[TrainState, Callable[..., Any], Callable[..., Any]]:
+  """Shardings of the checkpointed state and the conversions to and from it."""
+  is_sharded = lambda x: isinstance(x, oj.optim.ShardedUpdateState)
+  if not any(map(is_sharded, jax.tree.leaves(abs_opt, is_leaf=is_sharded))):
+    return state_sh, lambda state: state, lambda state: state
+  saved_opt = jax.eval_shape(oj.optim.replicated_state, abs_opt)
+  saved_sh = state_sh._replace(
+      opt_state=mesh_lib.state_shardings(saved_opt, pure_params, params_sh, mesh))
+  to_saved = jax.jit(
+      lambda s: s._replace(opt_state=oj.optim.replicated_state(s.opt_state)),
+      out_shardings=saved_sh)
+  from_saved = jax.jit(
+      lambda s: s._replace(opt_state=oj.optim.sharded_state(s.opt_state, abs_opt)),
+      out_shardings=state_sh)
+  return saved_sh, to_saved, from_saved
 
 
 def _check_loss(config: Config, info: Any) -> None:

@@ -306,8 +306,13 @@ class Loop:
       raise ConfigError(f"config.workdir={self.config.workdir!r}: its checkpoint (step "
                         f"{latest}) is of another run: {', '.join(changed)}; resume with the "
                         f"run's own config or use a new workdir")
-    state, meta = self.checkpointer.restore(latest, self.program.abstract_state())
+    # Checkpoints hold the optimizer state in the replicated layout (Program.to_saved): it
+    # restores onto any mesh, owner-sharded or not.
+    state, meta = self.checkpointer.restore(latest, self.program.abstract_saved_state())
+    state = self.program.from_saved(state)
     self.best_state = meta.pop("best_state", None)
+    if self.best_state is not None:
+      self.best_state = self.program.from_saved(self.best_state)
     self.loop = LoopState.from_meta(meta)
     self.print(f"Resumed from {self.checkpointer.directory} at step {latest}", flush=True)
     return state
@@ -361,8 +366,9 @@ class Loop:
       return
     self.loop.interval = self.interval.state_dict()
     meta = {**dataclasses.asdict(self.loop), "config": self.config.to_dict()}
-    self.checkpointer.save(self.step, self.state, meta,
-                           best=self.best_state if self.config.restore_best else None)
+    best = self.best_state if self.config.restore_best else None
+    self.checkpointer.save(self.step, self.program.to_saved(self.state), meta,
+                           best=None if best is None else self.program.to_saved(best))
     self.saved_step = self.step
 
   # ----------------------------------------------------------------- Eval --
