@@ -1,0 +1,131 @@
+"""config.mesh.shard_update in the trainer: same training, resumable either way, multi-process.
+
+A Stiefel DeepMLP (a scanned stack of 5 hidden kernels on 8 devices: fewer layers than
+owners) trained with Riemannian Adam, the rest with Adam.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import orthojax as oj
+from orthojax.train import trainer
+from orthojax.train.config import Config
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_STIEFEL = Config(model={"name": "DeepMLP", "depth": 5, "width": 16, "q_star": 0.5,
+                         "init": "orthogonal", "weights": "stiefel"},
+                  batch_size=64, num_steps=8, schedule="constant",
+                  optimizer={"name": "radam", "learning_rate": 1e-2},
+                  euclidean_optimizer={"name": "adam", "learning_rate": 1e-2}, log_every=4,
+                  seed=2)
+
+
+def _train(config, workdir, devices=None):
+  return trainer.train(config.replace(workdir=str(workdir)), devices=devices,
+                       print_fn=lambda *a, **k: None)
+
+
+def _sharded_nodes(state):
+  is_sharded = lambda x: isinstance(x, oj.optim.ShardedUpdateState)
+  return [x for x in jax.tree.leaves(state, is_leaf=is_sharded) if is_sharded(x)]
+
+
+def _close(a, b):
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y),
+                                                       rtol=2e-5, atol=2e-6), a, b)
+
+
+def test_sharded_and_replicated_updates_train_the_same(tmp_path):
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (simulated) devices")
+  on = _train(_STIEFEL, tmp_path / "on")
+  off = _train(_STIEFEL.replace(mesh={"shard_update": False}), tmp_path / "off")
+  (node,) = _sharded_nodes(on.state.opt_state)
+  assert node.layout.num_owners == 8 and not _sharded_nodes(off.state.opt_state)
+  for rows in node.owned.values():   # each device holds its own owner's row only
+    assert {s.data.shape[0] for s in rows.addressable_shards} == {1}
+  _close(on.state.params, off.state.params)
+  _close(oj.optim.replicated_state(on.state.opt_state), off.state.opt_state)
+
+
+def test_resume_switches_setting_and_device_count(tmp_path):
+  """4 steps sharded on 8 devices, 4 replicated on 4, 4 sharded on 2 = 12 sharded on 8."""
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (simulated) devices")
+  config = _STIEFEL.replace(checkpoint={"every_steps": 4})
+  straight = _train(config.replace(num_steps=12), tmp_path / "straight")
+  workdir = tmp_path / "switched"
+  _train(config.replace(num_steps=4), workdir)
+  _train(config.replace(num_steps=8, mesh={"shard_update": False}), workdir,
+         devices=jax.devices()[:4])
+  resumed = _train(config.replace(num_steps=12), workdir, devices=jax.devices()[:2])
+  assert resumed.final_step == 12
+  assert _sharded_nodes(resumed.state.opt_state)[0].layout.num_owners == 2
+  _close(resumed.state.params, straight.state.params)
+
+
+_DRIVER = textwrap.dedent("""
+    import sys
+    from orthojax.train import distributed
+    port, pid, shard, out = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+    if pid >= 0:
+      distributed.initialize(enabled=True, coordinator_address=f"127.0.0.1:{port}",
+                             num_processes=2, process_id=pid)
+    import jax, numpy as np
+    from orthojax.train import trainer
+    from orthojax.train.config import Config
+    config = Config(model={"name": "DeepMLP", "depth": 5, "width": 16, "q_star": 0.5,
+                           "init": "orthogonal", "weights": "stiefel"},
+                    batch_size=64, num_steps=6, optimizer={"name": "radam", "learning_rate": 1e-2},
+                    euclidean_optimizer={"name": "adam", "learning_rate": 1e-2}, log_every=2,
+                    seed=2, mesh={"shard_update": shard}, workdir=out)
+    result = trainer.train(config, print_fn=lambda *a, **k: None)
+    kernels = jax.experimental.multihost_utils.process_allgather(
+        result.state.params["model"]["kernels"], tiled=True)
+    if pid <= 0:
+      np.save(out + "/kernels.npy", np.asarray(kernels))
+""")
+
+
+def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path):
+  driver = tmp_path / "driver.py"
+  driver.write_text("import jax.experimental.multihost_utils\n" + _DRIVER)
+  env = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  port = str(21000 + os.getpid() % 20000)
+  logs = [open(tmp_path / f"process{i}.log", "w+") for i in range(2)]
+  procs = [subprocess.Popen([sys.executable, str(driver), port, str(i), "1",
+                             str(tmp_path / "multi")],
+                            env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+                            cwd=_REPO, stdout=logs[i], stderr=subprocess.STDOUT)
+           for i in range(2)]
+  deadline = time.time() + 300
+  while time.time() < deadline and any(p.poll() is None for p in procs):
+    if any(p.poll() not in (None, 0) for p in procs):   # one failed: the other would hang
+      break
+    time.sleep(0.5)
+  for p in procs:
+    if p.poll() is None:
+      p.kill()
+      p.wait()
+  outs = []
+  for log in logs:
+    log.seek(0)
+    outs.append(log.read()[-3000:])
+    log.close()
+  assert all(p.returncode == 0 for p in procs), outs
+  # The reference: one process, 8 devices, the replicated update.
+  subprocess.run([sys.executable, str(driver), port, "-1", "0", str(tmp_path / "single")],
+                 env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
+                 cwd=_REPO, check=True, capture_output=True)
+  np.testing.assert_allclose(np.load(tmp_path / "multi" / "kernels.npy"),
+                             np.load(tmp_path / "single" / "kernels.npy"), rtol=2e-5, atol=2e-6)
