@@ -116,7 +116,7 @@ class UpdateLayout:
       (``optax.MaskedNode`` s as leaves).
     roles: per state position, the param leaf it belongs to, ``_SHARED`` or ``_MASKED``.
     state_avals: per state position, its replicated ``(shape, dtype name)`` (None if masked).
-    owner_states: per owner, an :class:`_OwnerState`.
+    owner_states: per owner, where its state leaves sit in its packed rows.
     state_lengths: per dtype name, the length of each owner's packed state.
     update_lengths: per dtype name, the length of each owner's packed updates.
   """
@@ -132,7 +132,7 @@ class UpdateLayout:
   state_treedef: Any
   roles: tuple[int, ...]
   state_avals: tuple[Any, ...]
-  owner_states: tuple[_OwnerState, ...]
+  owner_states: tuple[Any, ...]
   state_lengths: tuple[tuple[str, int], ...]
   update_lengths: tuple[tuple[str, int], ...]
 
@@ -160,7 +160,7 @@ class UpdateLayout:
     return sorted(found, key=lambda jp: jp[1].start)
 
   def loads(self) -> list[int]:
-    """The modelled cost per owner (:func:`orthojax.optim._owners.matrix_cost`)."""
+    """The modelled cost per owner (``n p (p + 16)`` per tall ``(n, p)`` matrix)."""
     return [sum(self.leaf(p.index).matrix_cost * p.size for p in mine) for mine in self.pieces]
 
   def state_bytes_per_owner(self) -> int:
