@@ -183,15 +183,15 @@ def test_partitioned_model_shards_only_the_manifold_group():
   _compare(make, mesh, jnp.float32, params)
 
 
-def test_non_per_leaf_state_is_refused_with_one_line():
-  mesh = _mesh(8)
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(1e-2))
-  params = {"kernel": jnp.ones((8, 4)), "extra": jnp.ones((8, 4))}
-  sharded = oj.optim.shard_update(oj.optim.muon(1e-2), mesh)
-  sharded.init(params)   # per-leaf: fine
-  with pytest.raises(ValueError, match="axes"):
-    oj.optim.shard_update(tx, Mesh(np.array(jax.devices()[:2]), ("batch",)))
-  del tx
+def test_a_mesh_without_data_parallel_axes_is_one_line():
+  if jax.device_count() < 2:
+    pytest.skip("needs 2 devices")
+  mesh = Mesh(np.array(jax.devices()[:2]), ("batch",))
+  with pytest.raises(ValueError, match=r"neither 'data' nor 'fsdp'; pass axes"):
+    oj.optim.shard_update(oj.optim.muon(1e-2), mesh)
+  with pytest.raises(ValueError, match=r"axes \['data'\] are not axes"):
+    oj.optim.shard_update(oj.optim.muon(1e-2), mesh, axes=("data",))
+  assert oj.optim.num_owners(mesh, ("batch",)) == 2
 
 
 @pytest.mark.parametrize("seed", range(6))
