@@ -585,6 +585,10 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
       branches = [functools.partial(run, representative[b]) for b in range(len(representative))]
       branch_of = jnp.asarray(layout.branch, jnp.int32)[j]
       u_packed, s_packed = jax.lax.switch(branch_of, branches, p_owned, g_owned, rows, my_starts)
+      with jax.named_scope("owner_sharded"):
+        return share(u_packed, s_packed)
+
+    def share(u_packed, s_packed):
       gathered = {d: jax.lax.all_gather(v, axes) for d, v in u_packed.items()}
       offsets = [_update_offsets(layout, j_) for j_ in range(owners)]
       full = []
@@ -600,11 +604,12 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
                     jnp.concatenate(parts, axis=leaf.batch_axis))
       return tuple(full), {d: s[None] for d, s in s_packed.items()}
 
-    with jax.named_scope("owner_sharded"):
-      sharded = jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(axes)),
-                              out_specs=(P(), P(axes)), check_vma=False)
-      full, new_rows = sharded(tuple(p_leaves[i] for i in owned),
-                               tuple(g_leaves[i] for i in owned), state.owned)
+    # The owners' ops keep the wrapped transformation's own scope names; the sharing
+    # (all-gather and unpacking) is named "owner_sharded".
+    sharded = jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(axes)),
+                            out_specs=(P(), P(axes)), check_vma=False)
+    full, new_rows = sharded(tuple(p_leaves[i] for i in owned),
+                             tuple(g_leaves[i] for i in owned), state.owned)
     out = list(rest_updates)
     for i, u in zip(owned, full):
       out[i] = u

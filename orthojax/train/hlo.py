@@ -301,7 +301,8 @@ _NO_TRAFFIC = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast",
                "opt-barrier")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _CONTROL = ("while", "body", "cond", "scan", "closed_call", "remat", "checkpoint", "cond_fun",
-            "body_fun")
+            "body_fun", "shard_map", "switch")
+_BRANCH = re.compile(r"^branch_\d+(_fun)?$")   # lax.switch / lax.cond branches
 _WRAPPER = re.compile(r"^\w+\((.*)\)$")
 
 
@@ -314,7 +315,8 @@ def _scope(rest: str, depth: int) -> str:
   for part in found.group(1).split("/")[:-1]:   # the last segment is the primitive
     while (inner := _WRAPPER.match(part)) and not part.startswith("jit("):
       part = inner.group(1)
-    if part and not part.startswith(("jit(", "pjit(")) and part not in _CONTROL:
+    if (part and not part.startswith(("jit(", "pjit(")) and part not in _CONTROL
+        and not _BRANCH.match(part)):
       parts.append(part)
   return "/".join(parts[:depth]) or "(unscoped)"
 
