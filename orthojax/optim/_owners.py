@@ -139,10 +139,3 @@ def loads(leaves: Sequence[MatrixLeaf], pieces: Sequence[Sequence[Piece]]) -> li
   """The modelled cost each owner carries."""
   cost = {leaf.index: leaf.matrix_cost for leaf in leaves}
   return [sum(cost[p.index] * p.size for p in mine) for mine in pieces]
-
-
-def balance(leaves: Sequence[MatrixLeaf], pieces: Sequence[Sequence[Piece]]) -> float:
-  """Most loaded owner over the mean (1.0 is perfect)."""
-  per_owner = loads(leaves, pieces)
-  mean = sum(per_owner) / len(per_owner)
-  return max(per_owner) / mean if mean else 1.0

@@ -10,13 +10,13 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import jax
 import numpy as np
 import pytest
 
 import orthojax as oj
+from tests.train.processes import run_together
 from orthojax.train import trainer
 from orthojax.train.config import Config
 
@@ -102,27 +102,10 @@ def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path):
   driver.write_text("import jax.experimental.multihost_utils\n" + _DRIVER)
   env = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
   port = str(21000 + os.getpid() % 20000)
-  logs = [open(tmp_path / f"process{i}.log", "w+") for i in range(2)]
-  procs = [subprocess.Popen([sys.executable, str(driver), port, str(i), "1",
-                             str(tmp_path / "multi")],
-                            env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
-                            cwd=_REPO, stdout=logs[i], stderr=subprocess.STDOUT)
-           for i in range(2)]
-  deadline = time.time() + 300
-  while time.time() < deadline and any(p.poll() is None for p in procs):
-    if any(p.poll() not in (None, 0) for p in procs):   # one failed: the other would hang
-      break
-    time.sleep(0.5)
-  for p in procs:
-    if p.poll() is None:
-      p.kill()
-      p.wait()
-  outs = []
-  for log in logs:
-    log.seek(0)
-    outs.append(log.read()[-3000:])
-    log.close()
-  assert all(p.returncode == 0 for p in procs), outs
+  run_together([[sys.executable, str(driver), port, str(i), "1", str(tmp_path / "multi")]
+                for i in range(2)],
+               [{**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}] * 2,
+               _REPO, tmp_path)
   # The reference: one process, 8 devices, the replicated update.
   subprocess.run([sys.executable, str(driver), port, "-1", "0", str(tmp_path / "single")],
                  env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"},

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.train.processes import run_together
+
 from orthojax.train import data as data_lib
 from orthojax.train import trainer
 from orthojax.train.config import Config
@@ -167,28 +169,9 @@ def test_two_processes_match_one(tmp_path):
   port = 20000 + os.getpid() % 20000
   common = ["--config.mesh.data=-1", "--config.num_steps=6",
             "--config.checkpoint.every_steps=0"]
-  # Output to files, not pipes: a full pipe would block one process inside a
-  # collective and so hang the other.
-  logs = [open(tmp_path / f"process{i}.log", "w+") for i in range(2)]
-  procs = [subprocess.Popen(
-      _cli(tmp_path / "multi", *common, f"--coordinator_address=127.0.0.1:{port}",
-           "--num_processes=2", f"--process_id={i}"),
-      env=_env(2), cwd=_REPO, stdout=logs[i], stderr=subprocess.STDOUT) for i in range(2)]
-  deadline = time.time() + 240
-  while time.time() < deadline and any(p.poll() is None for p in procs):
-    if any(p.poll() not in (None, 0) for p in procs):   # one failed: the other would hang
-      break
-    time.sleep(0.5)
-  for p in procs:
-    if p.poll() is None:
-      p.kill()
-      p.wait()
-  outs = []
-  for log in logs:
-    log.seek(0)
-    outs.append(log.read()[-3000:])
-    log.close()
-  assert all(p.returncode == 0 for p in procs), outs
+  run_together([_cli(tmp_path / "multi", *common, f"--coordinator_address=127.0.0.1:{port}",
+                     "--num_processes=2", f"--process_id={i}") for i in range(2)],
+               [_env(2)] * 2, _REPO, tmp_path, timeout=240)
   subprocess.run(_cli(tmp_path / "single", *common), env=_env(4), cwd=_REPO, check=True,
                  capture_output=True)
   from orthojax.train.metrics import read_jsonl
