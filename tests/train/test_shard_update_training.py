@@ -7,7 +7,6 @@ owners) trained with Riemannian Adam, the rest with Adam.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -22,12 +21,13 @@ from orthojax.train.config import Config
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-_STIEFEL = Config(model={"name": "DeepMLP", "depth": 5, "width": 16, "q_star": 0.5,
-                         "init": "orthogonal", "weights": "stiefel"},
-                  batch_size=64, num_steps=8, schedule="constant",
-                  optimizer={"name": "radam", "learning_rate": 1e-2},
-                  euclidean_optimizer={"name": "adam", "learning_rate": 1e-2}, log_every=4,
-                  seed=2)
+_STIEFEL_FIELDS = dict(model={"name": "DeepMLP", "depth": 5, "width": 16, "q_star": 0.5,
+                              "init": "orthogonal", "weights": "stiefel"},
+                       batch_size=64, num_steps=8, schedule="constant",
+                       optimizer={"name": "radam", "learning_rate": 1e-2},
+                       euclidean_optimizer={"name": "adam", "learning_rate": 1e-2}, log_every=4,
+                       seed=2)
+_STIEFEL = Config(**_STIEFEL_FIELDS)
 
 
 def _train(config, workdir, devices=None):
@@ -45,11 +45,18 @@ def _close(a, b):
                                                        rtol=2e-5, atol=2e-6), a, b)
 
 
-def test_sharded_and_replicated_updates_train_the_same(tmp_path):
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory):
+  """The reference: 8 steps on this process's 8 devices with the replicated update."""
   if jax.device_count() < 8:
     pytest.skip("needs 8 (simulated) devices")
+  return _train(_STIEFEL.replace(mesh={"shard_update": False}),
+                tmp_path_factory.mktemp("replicated"))
+
+
+def test_sharded_and_replicated_updates_train_the_same(tmp_path, replicated):
   on = _train(_STIEFEL, tmp_path / "on")
-  off = _train(_STIEFEL.replace(mesh={"shard_update": False}), tmp_path / "off")
+  off = replicated
   (node,) = _sharded_nodes(on.state.opt_state)
   assert node.layout.num_owners == 8 and not _sharded_nodes(off.state.opt_state)
   for rows in node.owned.values():   # each device holds its own owner's row only
@@ -77,38 +84,30 @@ def test_resume_switches_setting_and_device_count(tmp_path):
 _DRIVER = textwrap.dedent("""
     import sys
     from orthojax.train import distributed
-    port, pid, shard, out = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
-    if pid >= 0:
-      distributed.initialize(enabled=True, coordinator_address=f"127.0.0.1:{port}",
-                             num_processes=2, process_id=pid)
-    import jax, numpy as np
+    port, pid, out, fields = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    distributed.initialize(enabled=True, coordinator_address=f"127.0.0.1:{port}",
+                           num_processes=2, process_id=pid)
+    import ast, jax, numpy as np
     from orthojax.train import trainer
     from orthojax.train.config import Config
-    config = Config(model={"name": "DeepMLP", "depth": 5, "width": 16, "q_star": 0.5,
-                           "init": "orthogonal", "weights": "stiefel"},
-                    batch_size=64, num_steps=6, optimizer={"name": "radam", "learning_rate": 1e-2},
-                    euclidean_optimizer={"name": "adam", "learning_rate": 1e-2}, log_every=2,
-                    seed=2, mesh={"shard_update": shard}, workdir=out)
+    config = Config(**ast.literal_eval(fields), workdir=out)
     result = trainer.train(config, print_fn=lambda *a, **k: None)
     kernels = jax.experimental.multihost_utils.process_allgather(
         result.state.params["model"]["kernels"], tiled=True)
-    if pid <= 0:
+    if pid == 0:
       np.save(out + "/kernels.npy", np.asarray(kernels))
 """)
 
 
-def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path):
+def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path, replicated):
   driver = tmp_path / "driver.py"
   driver.write_text("import jax.experimental.multihost_utils\n" + _DRIVER)
   env = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
   port = str(21000 + os.getpid() % 20000)
-  run_together([[sys.executable, str(driver), port, str(i), "1", str(tmp_path / "multi")]
-                for i in range(2)],
+  run_together([[sys.executable, str(driver), port, str(i), str(tmp_path / "multi"),
+                 repr(_STIEFEL_FIELDS)] for i in range(2)],
                [{**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}] * 2,
                _REPO, tmp_path)
-  # The reference: one process, 8 devices, the replicated update.
-  subprocess.run([sys.executable, str(driver), port, "-1", "0", str(tmp_path / "single")],
-                 env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
-                 cwd=_REPO, check=True, capture_output=True)
   np.testing.assert_allclose(np.load(tmp_path / "multi" / "kernels.npy"),
-                             np.load(tmp_path / "single" / "kernels.npy"), rtol=2e-5, atol=2e-6)
+                             np.asarray(replicated.state.params["model"]["kernels"]),
+                             rtol=2e-5, atol=2e-6)
