@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import re
-from typing import Iterable
+from typing import Callable, Iterable
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -121,7 +122,14 @@ class Module:
 
   @classmethod
   def from_text(cls, hlo_text: str) -> "Module":
+    """Parse, and count how often each computation runs per step: a loop body its
+    trip count times; of a ``conditional``'s branches only the costliest (most
+    matmul FLOPs, then most result bytes) — each device runs one branch, and the
+    per-chip numbers are the most loaded device's, as XLA's ``HloCostAnalysis``
+    takes each property's maximum over the branches."""
     computations, entry = parse(hlo_text)
+    cost = functools.lru_cache(maxsize=None)(
+        lambda name: _cost(name, computations, cost))
     runs: dict[str, int] = collections.defaultdict(int)
     unknown = 0
     stack = [(entry, 1)]
@@ -134,10 +142,11 @@ class Module:
           found = _trip_count(ins, computations)
           trips = found if found is not None else 1
           unknown += found is None
-        for kind, callees in _CALLEE.findall(ins.rest):
-          for callee in _OPERAND.findall(callees):
-            if callee in computations:
-              stack.append((callee, count * (trips if kind == "body" else 1)))
+        for kind, callees in _callees(ins, computations):
+          if kind == "branch_computations":
+            callees = [max(callees, key=cost)]
+          for callee in callees:
+            stack.append((callee, count * (trips if kind == "body" else 1)))
     return cls(computations, entry, dict(runs), unknown)
 
   def instructions(self) -> Iterable[tuple[Instruction, int, dict[str, str]]]:
@@ -278,6 +287,36 @@ class Module:
     param = next((i for i in body if i.op == "parameter"
                   and re.match(rf"\s*{index}\)", i.rest)), None)
     return None if param is None else self._reads(param.name, _users(body))
+
+
+def _callees(ins: Instruction, computations: dict[str, list[Instruction]]
+             ) -> list[tuple[str, list[str]]]:
+  """``[(kind, [computation, …])]`` that ``ins`` calls (``body``, ``calls``, …)."""
+  return [(kind, [c for c in _OPERAND.findall(names) if c in computations])
+          for kind, names in _CALLEE.findall(ins.rest)]
+
+
+def _cost(name: str, computations: dict[str, list[Instruction]],
+          cost: Callable[[str], tuple[float, int]]) -> tuple[float, int]:
+  """``(matmul FLOPs, result bytes)`` of one run of computation ``name`` and what it
+  calls (loops by their trip count, conditionals by their costliest branch)."""
+  body = computations.get(name, ())
+  types = {ins.name: ins.type for ins in body}
+  flops, size = 0.0, 0
+  for ins in body:
+    if ins.op in ("dot", "convolution"):
+      flops += _matmul_flops(ins, types)
+    size += _result_bytes(ins)
+    trips = (_trip_count(ins, computations) or 1) if ins.op == "while" else 1
+    for kind, callees in _callees(ins, computations):
+      if not callees:
+        continue
+      parts = [max(callees, key=cost)] if kind == "branch_computations" else callees
+      for callee in parts:
+        f, b = cost(callee)
+        times = trips if kind == "body" else 1
+        flops, size = flops + times * f, size + times * b
+  return flops, size
 
 
 def _users(body: list[Instruction]) -> dict[str, list[Instruction]]:

@@ -126,3 +126,18 @@ def test_cudnn_convolutions_count_as_their_forward_convolution():
   forward = 2 * (8 * 16 * 16 * 64) * (7 * 7 * 3)
   assert hlo.cudnn_conv_flops(module) == 3 * forward
   assert module.matmul_flops() == 0          # not dot / convolution instructions
+
+
+def test_a_conditional_counts_its_costliest_branch_as_xla_does():
+  """Each device runs one branch of a lax.switch (the owner-sharded update's form):
+  per chip, the costliest branch counts, once; XLA's cost analysis takes the maximum."""
+  a = jnp.ones((64, 64))
+  small = lambda x: x[:8, :8] @ x[:8, :8]
+  big = lambda x: (x @ x)[:8, :8]
+  fn = lambda i, x: jax.lax.switch(i, [small, big, small], x)
+  module, xla = _module(fn, jnp.int32(0), a)
+  assert module.matmul_flops() == 2 * 64 ** 3
+  assert xla == pytest.approx(2 * 64 ** 3, rel=0.05)
+  (branches,) = [ins for body in module.computations.values() for ins in body
+                 if ins.op == "conditional"]
+  assert sum(module.runs.get(c, 0) for c in module.computations if c in branches.rest) == 1
