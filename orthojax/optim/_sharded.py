@@ -11,7 +11,10 @@ devices. :func:`shard_update` wraps a per-leaf transformation so that
 2. each owner runs the wrapped transformation on its own matrices only, and
    holds their optimizer state only (per-device state ~ 1/N of the replicated
    one);
-3. the owners' new updates are shared with one ``all_gather`` over those axes.
+3. the owners' new updates are shared with one ``all_gather`` over those axes
+   (a stack split evenly over the owners, layer ranges in owner order, is
+   gathered straight into its layout, and its gradients and parameters enter
+   as each device's own block).
 
 Vectors and scalars (biases, scales, anything without a matrix view) are
 cheap and stay replicated: every device updates them, as before.
@@ -30,7 +33,9 @@ many distinct shapes need.
 Exactness: an owner computes its matrices with the same operations as the
 replicated update computes them (a stack is sliced along its batch axis, which
 batched matrix products treat independently), so the sharded step equals the
-replicated one to float rounding and, on the backends tested, bit for bit.
+replicated one to float rounding: within a few ulps in float32 on XLA:CPU, not
+bit for bit, because XLA fuses the element-wise work of the per-device program
+differently.
 
 State: a :class:`ShardedUpdateState` — one flat buffer per dtype of shape
 ``(N, length)``, row ``j`` the packed state of owner ``j`` (sharded over the
@@ -109,6 +114,9 @@ class UpdateLayout:
     leaves: the matrix leaves owners update (:class:`MatrixLeaf`).
     replicated: indices of the leaves every device updates.
     pieces: per owner, its :class:`Piece` s.
+    striped: the stacks split evenly over the owners in owner order (owner ``j``
+      holds layers ``[j s, (j + 1) s)``): they enter the update as each device's
+      own block and leave it by an all-gather straight into the stack's layout.
     branch: per owner, the program it runs (owners with equal piece shapes share).
     params_treedef: the params' tree structure.
     param_avals: per leaf of params, ``(shape, dtype name)``.
@@ -118,7 +126,8 @@ class UpdateLayout:
     state_avals: per state position, its replicated ``(shape, dtype name)`` (None if masked).
     owner_states: per owner, where its state leaves sit in its packed rows.
     state_lengths: per dtype name, the length of each owner's packed state.
-    update_lengths: per dtype name, the length of each owner's packed updates.
+    update_lengths: per dtype name, the length of each owner's packed updates
+      (striped stacks' not included).
   """
 
   num_owners: int
@@ -126,6 +135,7 @@ class UpdateLayout:
   leaves: tuple[MatrixLeaf, ...]
   replicated: tuple[int, ...]
   pieces: tuple[tuple[Piece, ...], ...]
+  striped: tuple[int, ...]
   branch: tuple[int, ...]
   params_treedef: Any
   param_avals: tuple[tuple[tuple[int, ...], str], ...]
@@ -176,6 +186,15 @@ def _matrix_leaf(index: int, leaf: Any, view: Any, name: str) -> MatrixLeaf | No
   batch_axes = lo.perm[:len(lo.batch_shape)]
   inner = int(np.prod([lo.shape[a] for a in batch_axes[1:]], dtype=np.int64))
   return MatrixLeaf(index, lo.shape, batch_axes, matrix_cost(lo.fan_in, lo.fan_out) * inner)
+
+
+def _is_striped(leaf: MatrixLeaf, pieces: Sequence[Sequence[Piece]]) -> bool:
+  """Whether owner ``j`` of ``len(pieces)`` holds layers ``[j s, (j + 1) s)`` of ``leaf``."""
+  n = len(pieces)
+  if leaf.batch_axis is None or leaf.length % n:
+    return False
+  s = leaf.length // n
+  return all(Piece(leaf.index, j * s, (j + 1) * s) in mine for j, mine in enumerate(pieces))
 
 
 def _slice(x: Any, leaf: MatrixLeaf, start: Any, size: int) -> Any:
@@ -239,6 +258,7 @@ def plan(tx: optax.GradientTransformation, params: Any, *, num_owners: int,
     else:
       matrices.append(described)
   pieces = assign_owners(matrices, num_owners)
+  striped = tuple(leaf.index for leaf in matrices if _is_striped(leaf, pieces))
   signatures: dict[tuple[tuple[int, int], ...], int] = {}
   branch = tuple(signatures.setdefault(tuple((p.index, p.size) for p in mine), len(signatures))
                  for mine in pieces)
@@ -258,7 +278,8 @@ def plan(tx: optax.GradientTransformation, params: Any, *, num_owners: int,
 
   layout = UpdateLayout(
       num_owners=num_owners, axes=tuple(axes), leaves=tuple(matrices),
-      replicated=tuple(replicated), pieces=pieces, branch=branch, params_treedef=treedef,
+      replicated=tuple(replicated), pieces=pieces, striped=striped, branch=branch,
+      params_treedef=treedef,
       param_avals=avals, state_treedef=state_treedef, roles=roles, state_avals=state_avals,
       owner_states=(), state_lengths=(), update_lengths=())
   owned_leaves = {leaf.index for leaf in matrices}
@@ -287,6 +308,8 @@ def plan(tx: optax.GradientTransformation, params: Any, *, num_owners: int,
       state_len[dtype] = max(state_len.get(dtype, 0), n)
     sizes: dict[str, int] = {}
     for p in mine:
+      if p.index in striped:
+        continue
       shape, dtype = avals[p.index]
       n = int(np.prod(shape, dtype=np.int64)) // layout.leaf(p.index).length * p.size
       sizes[dtype] = sizes.get(dtype, 0) + n
@@ -460,6 +483,8 @@ def _place(x: Any, sharding: NamedSharding) -> Any:
 def _update_offsets(layout: UpdateLayout, owner: int) -> dict[int, int]:
   offsets, used = {}, {}
   for piece in layout.pieces[owner]:
+    if piece.index in layout.striped:
+      continue
     dtype = layout.param_avals[piece.index][1]
     offsets[piece.index] = used.get(dtype, 0)
     used[dtype] = used.get(dtype, 0) + _piece_size(layout, piece)
@@ -554,6 +579,7 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
     rest_updates = layout.params_treedef.flatten_up_to(rest_updates)
 
     owned = [leaf.index for leaf in layout.leaves]
+    striped = set(layout.striped)
     representative = {}
     for j, b in enumerate(layout.branch):
       representative.setdefault(b, j)
@@ -569,14 +595,16 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
       for i, p, g in zip(owned, p_owned, g_owned):
         p_all[i], g_all[i] = p, g
       mine = layout.pieces[rep]
-      piece_starts = [my_starts[i] for i in range(len(mine))]
+      # A striped stack arrives as this device's own block: its piece starts at 0.
+      piece_starts = [0 if p.index in striped else my_starts[k] for k, p in enumerate(mine)]
       state_j = layout.state_treedef.unflatten(_unpack_state(layout, rep, rows))
       new_u, new_state = tx.update(_piece_tree(layout, g_all, mine, piece_starts), state_j,
                                    _piece_tree(layout, p_all, mine, piece_starts))
       u_leaves = layout.params_treedef.flatten_up_to(new_u)
-      u_packed = _pack([u_leaves[p.index].astype(g_all[p.index].dtype) for p in mine],
-                       update_lengths)
-      return u_packed, _pack_state(layout, rep, _flatten(new_state)[0])
+      u_packed = _pack([u_leaves[p.index].astype(g_all[p.index].dtype) for p in mine
+                        if p.index not in striped], update_lengths)
+      u_striped = tuple(u_leaves[i].astype(g_all[i].dtype) for i in layout.striped)
+      return u_packed, u_striped, _pack_state(layout, rep, _flatten(new_state)[0])
 
     def body(p_owned, g_owned, rows):
       j = jax.lax.axis_index(axes)
@@ -584,15 +612,21 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
       my_starts = jnp.asarray(starts)[j]
       branches = [functools.partial(run, representative[b]) for b in range(len(representative))]
       branch_of = jnp.asarray(layout.branch, jnp.int32)[j]
-      u_packed, s_packed = jax.lax.switch(branch_of, branches, p_owned, g_owned, rows, my_starts)
+      u_packed, u_striped, s_packed = jax.lax.switch(branch_of, branches, p_owned, g_owned,
+                                                     rows, my_starts)
       with jax.named_scope("owner_sharded"):
-        return share(u_packed, s_packed)
+        return share(u_packed, u_striped, s_packed)
 
-    def share(u_packed, s_packed):
+    def share(u_packed, u_striped, s_packed):
       gathered = {d: jax.lax.all_gather(v, axes) for d, v in u_packed.items()}
+      in_place = {i: jax.lax.all_gather(u, axes, axis=layout.leaf(i).batch_axis, tiled=True)
+                  for i, u in zip(layout.striped, u_striped)}
       offsets = [_update_offsets(layout, j_) for j_ in range(owners)]
       full = []
       for leaf in layout.leaves:
+        if leaf.index in in_place:
+          full.append(in_place[leaf.index])
+          continue
         dtype = layout.param_avals[leaf.index][1]
         parts = []
         for owner, piece in layout.owners_of(leaf.index):
@@ -606,7 +640,14 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
 
     # The owners' ops keep the wrapped transformation's own scope names; the sharing
     # (all-gather and unpacking) is named "owner_sharded".
-    sharded = jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(axes)),
+    def spec(i):   # a striped stack's layers split over the owners, the rest whole
+      if i not in striped:
+        return P()
+      axis, ndim = layout.leaf(i).batch_axis, len(layout.param_avals[i][0])
+      return P(*(axes if a == axis else None for a in range(ndim)))
+
+    leaf_specs = tuple(spec(i) for i in owned)
+    sharded = jax.shard_map(body, mesh=mesh, in_specs=(leaf_specs, leaf_specs, P(axes)),
                             out_specs=(P(), P(axes)), check_vma=False)
     full, new_rows = sharded(tuple(p_leaves[i] for i in owned),
                              tuple(g_leaves[i] for i in owned), state.owned)

@@ -21,7 +21,7 @@ CONV = oj.linalg.MatrixView.conv(2)
 # A wide Dense kernel, a (tall) conv kernel, a stack with fewer layers than
 # devices and one whose layer count 8 does not divide.
 SHAPES = {"wide": (6, 20), "conv": (3, 3, 4, 8), "few": (3, 16, 12), "odd": (13, 12, 12)}
-VIEWS = {"few": STACKED, "odd": STACKED}
+VIEWS = {"few": STACKED, "odd": STACKED, "even": STACKED}
 # For the dtype and mesh cases: a wide kernel and an odd stack (each compile is seconds).
 SMALL = {"wide": (6, 20), "odd": (13, 12, 12)}
 
@@ -123,6 +123,16 @@ def test_sharded_equals_replicated_bfloat16(name):
 @pytest.mark.parametrize("name", ["radam-fused-qr", "muon"])
 def test_fsdp_and_data_times_fsdp_meshes(name, data, fsdp):
   _compare(OPTIMIZERS[name], _mesh(data, fsdp), jnp.float32, shapes=SMALL)
+
+
+@pytest.mark.parametrize("data,fsdp", [(8, 1), (2, 4)])
+@pytest.mark.parametrize("name", ["radam-fused-qr", "muon"])
+def test_an_evenly_split_stack_enters_and_leaves_in_its_layout(name, data, fsdp):
+  """E5's case: a stack alone, 2 layers per owner in owner order (on data x fsdp too)."""
+  state = _compare(OPTIMIZERS[name], _mesh(data, fsdp), jnp.float32, shapes={"even": (16, 12, 12)})
+  (node,) = [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(
+      x, oj.optim.ShardedUpdateState)) if isinstance(x, oj.optim.ShardedUpdateState)]
+  assert node.layout.striped == (0,) and node.layout.update_lengths == ()
 
 
 def test_state_lives_on_its_owner_and_round_trips():
