@@ -70,6 +70,8 @@ class StepReport:
     traffic_by_scope: HBM bytes per step per chip by the name scope of the ops
       (``orthojax.train.hlo.Module.traffic_by_scope``): ``loss_and_grad``,
       ``optimizer/<transformation>``, ``(compiler-inserted)``.
+    optimizer_collectives: the collectives among those that the optimizer's ops
+      run (its scope), e.g. the owner-sharded update's one all-gather.
   """
 
   flops: float
@@ -80,6 +82,7 @@ class StepReport:
   unknown_loops: int
   traffic_by_scope: dict[str, float] = dataclasses.field(default_factory=dict)
   xla_bytes_accessed: float = 0.0
+  optimizer_collectives: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
   @classmethod
   def of(cls, compiled: Any) -> "StepReport":
@@ -100,7 +103,8 @@ class StepReport:
                bytes_accessed=hlo.loop_corrected_bytes(xla_bytes, module),
                xla_bytes_accessed=xla_bytes, memory=memory,
                collectives=module.collectives(), unknown_loops=module.unknown_loops,
-               traffic_by_scope=module.traffic_by_scope(depth=3))
+               traffic_by_scope=module.traffic_by_scope(depth=3),
+               optimizer_collectives=module.collectives(scope="optimizer"))
 
 
 def _shares(traffic: dict[str, float], top: int = 5) -> str:
@@ -185,8 +189,8 @@ class CompileReport:
     mem = lambda m: (f"{m['total'] / GiB:.2f} GiB (args {m['arguments'] / GiB:.2f}, temps "
                      f"{m['temporaries'] / GiB:.2f}, outs {m['outputs'] / GiB:.2f}, aliased "
                      f"{m['aliased'] / GiB:.2f}, code {m['code'] / GiB:.3f})")
-    coll = ", ".join(f"{k} {int(v['count'])}× {v['bytes'] / 2**20:.1f} MiB"
-                     for k, v in sorted(t.collectives.items())) or "none"
+    coll = lambda c: ", ".join(f"{k} {int(v['count'])}× {v['bytes'] / 2**20:.1f} MiB"
+                               for k, v in sorted(c.items())) or "none"
     rows = [
         ("topology", f"{self.topology}" + (f" × {self.num_slices} slices" if self.num_slices > 1
                                            else "") + f" ({self.num_chips} {chip.name} chip"
@@ -208,7 +212,8 @@ class CompileReport:
                                                 f" loop bodies once)"
                                                 if abs(t.bytes_accessed - t.xla_bytes_accessed)
                                                 > 1e-3 * t.bytes_accessed else "")),
-        ("collectives per step", coll),
+        ("collectives per step", coll(t.collectives)),
+        ("of which the optimizer's", coll(t.optimizer_collectives)),
         ("HBM traffic by scope", _shares(t.traffic_by_scope)),
         ("roofline", f"step ≥ {1e3 * self.step_seconds_bound:.3g} ms ({self.bound_by}-bound: "
                      f"{chip.peak_bf16_flops / 1e12:g} TFLOP/s, {chip.hbm_bandwidth / 1e9:g} GB/s)"

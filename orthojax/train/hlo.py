@@ -158,12 +158,16 @@ class Module:
         for ins in body:
           yield ins, count, types
 
-  def collectives(self) -> dict[str, dict[str, float]]:
-    """``{kind: {"count": executions per step, "bytes": result bytes per step}}``."""
+  def collectives(self, scope: str | None = None) -> dict[str, dict[str, float]]:
+    """``{kind: {"count": executions per step, "bytes": result bytes per step}}``;
+    with ``scope`` (e.g. ``"optimizer"``), only those whose ``op_name`` starts with it
+    (an all-reduce the partitioner puts inside a retraction keeps the retraction's)."""
     out: dict[str, dict[str, float]] = {}
     for ins, count, _ in self.instructions():
       kind = ins.op[:-len("-start")] if ins.op.endswith("-start") else ins.op
       if kind not in COLLECTIVES:
+        continue
+      if scope is not None and not (_scope(ins.rest, 99) + "/").startswith(scope + "/"):
         continue
       entry = out.setdefault(kind, {"count": 0, "bytes": 0})
       entry["count"] += count

@@ -141,3 +141,24 @@ def test_a_conditional_counts_its_costliest_branch_as_xla_does():
   (branches,) = [ins for body in module.computations.values() for ins in body
                  if ins.op == "conditional"]
   assert sum(module.runs.get(c, 0) for c in module.computations if c in branches.rest) == 1
+
+
+def test_collectives_split_by_the_scope_that_runs_them():
+  """The all-gather an ``optimizer`` scope runs is its; the all-reduce outside is not."""
+  if jax.device_count() < 4:
+    pytest.skip("needs 4 (simulated) devices")
+  mesh = jax.make_mesh((4,), ("d",), devices=jax.devices()[:4],
+                       axis_types=(jax.sharding.AxisType.Auto,))
+
+  def body(x):
+    total = jax.lax.psum(x, "d")
+    with jax.named_scope("optimizer"), jax.named_scope("owner_sharded"):
+      gathered = jax.lax.all_gather(x * 2, "d", tiled=True)
+    return total, gathered
+
+  fn = jax.shard_map(body, mesh=mesh, in_specs=P("d"), out_specs=(P("d"), P()),
+                     check_vma=False)
+  module, _ = _module(fn, jnp.ones((8, 16)))
+  assert set(module.collectives()) == {"all-reduce", "all-gather"}
+  assert module.collectives(scope="optimizer") == {"all-gather": {"count": 1, "bytes": 8 * 16 * 4}}
+  assert module.collectives(scope="optim") == {}
