@@ -46,13 +46,16 @@ from orthojax.train import aot
 from orthojax.train import data as data_lib
 from orthojax.train import model_zoo
 from orthojax.train import optimizers
+from orthojax.train import topology as topology_lib
 from orthojax.train.config import Config
+from orthojax.train.program import build_program
 
 SUITE = "scale"
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FLAGS_DIR = REPO / "experiments" / "flags"
 WITHIN_5 = Target("<=", 0.05)
 REPORTS: dict[str, aot.CompileReport] = {}   # name -> report, for docs/scale.md
+PLANS: dict[str, "OwnerPlan"] = {}            # name -> its owner-sharded update's plan
 ANALYTIC: dict[str, float] = {}               # name -> analytic train FLOPs per example
 
 
@@ -104,6 +107,9 @@ def e5_config(weights: str, optimizer: str, *overrides: str) -> Config:
   return config.validate()
 
 
+CONV_KINDS = {"radam": "radam-cayley", "muon": "muon"}
+
+
 def _conv_kernels(params):
   return jax.tree.map(lambda p: "conv" if p.ndim == 4 else "rest", params)
 
@@ -120,6 +126,60 @@ def conv_optimizer(kind: str, config) -> Callable[[Any], Any]:
       conv = oj.optim.muon(0.02)
     return oj.optim.partition(_conv_kernels, conv=conv, rest=rest)
   return build
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnerPlan:
+  """What the owner-sharded update (``config.mesh.shard_update``) plans for a job.
+
+  Attributes:
+    num_owners: devices that own matrices.
+    state: optimizer-state bytes per chip, ``(sharded, replicated)``.
+    orthogonal_state: the same for the owner-sharded transformations' matrices only.
+    load_max_over_mean: the most loaded owner's modelled update cost
+      (:func:`orthojax.optim.assign_owners`) over the mean.
+  """
+
+  num_owners: int
+  state: tuple[int, int]
+  orthogonal_state: tuple[int, int]
+  load_max_over_mean: float
+
+
+def _bytes_per_chip(abstract: Any, shardings: Any) -> int:
+  sizes = jax.tree.map(lambda x, s: math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize,
+                       abstract, shardings)
+  return int(sum(jax.tree.leaves(sizes)))
+
+
+def owner_plan(config: Config, topology: str, optimizer=None) -> OwnerPlan | None:
+  """The owner-sharded update's plan for ``config`` on ``topology``'s chips, from the
+  trainer's program with and without ``mesh.shard_update`` (no compile); None when
+  nothing is owner-sharded."""
+  devices = topology_lib.Topology.parse(topology, config.mesh.num_slices).devices()
+  info = data_lib.dataset_info(config.data["name"], published=True, **config.options)
+  state, nodes = [], []
+  for shard in (True, False):
+    program = build_program(config.replace(mesh={"shard_update": shard}), info, devices=devices,
+                            num_processes=len({d.process_index for d in devices}),
+                            optimizer=optimizer)
+    abstract = jax.eval_shape(program.init).opt_state
+    state.append(_bytes_per_chip(abstract, program.state_sharding.opt_state))
+    if shard:
+      is_node = lambda x: isinstance(x, oj.optim.ShardedUpdateState)
+      nodes = [x for x in jax.tree.leaves(abstract, is_leaf=is_node) if is_node(x)]
+  if not nodes:
+    return None
+  layouts = [node.layout for node in nodes]
+  loads = [sum(per_owner) for per_owner in zip(*(layout.loads() for layout in layouts))]
+  replicated = 0
+  for layout in layouts:
+    owned = {leaf.index for leaf in layout.leaves}
+    replicated += sum(math.prod(aval[0]) * jax.numpy.dtype(aval[1]).itemsize
+                      for role, aval in zip(layout.roles, layout.state_avals) if role in owned)
+  return OwnerPlan(num_owners=layouts[0].num_owners, state=(state[0], state[1]),
+                   orthogonal_state=(sum(l.state_bytes_per_owner() for l in layouts), replicated),
+                   load_max_over_mean=max(loads) * len(loads) / sum(loads))
 
 
 def forward_matmul_flops(config, info) -> float:
@@ -168,7 +228,8 @@ def analytic_train_flops(config, info) -> float:
 def _cases(quick: bool):
   e1 = lambda norm, *o: flagfile_config(f"e1_resnet50_{norm}.flags",
                                         "--config.compute_dtype=bfloat16", *o)
-  e5 = lambda weights, optimizer: e5_config(weights, optimizer, "--config.compute_dtype=bfloat16")
+  e5 = lambda weights, optimizer, *o: e5_config(weights, optimizer,
+                                                "--config.compute_dtype=bfloat16", *o)
   # The overhead targets, at 256 images per chip (the per-chip batch TPU recipes
   # use; global 4096 on 16 chips): the optimizer's work per chip does not shrink
   # with the batch, the network's does.
@@ -185,9 +246,15 @@ def _cases(quick: bool):
   yield "E1 bn muon convs v5e:4x4", e1("bn"), "v5e:4x4", {"optimizer": "muon"}
   yield "E1 gmp_imn v5e:4x4", e1("gmp_imn"), "v5e:4x4", {}
   yield "E1 wn_mbn v5e:4x4", e1("wn_mbn"), "v5e:4x4", {}
-  # E5's batch of 1000 and E2's eval batch of 1000 split over 8 chips, not 16.
+  # E5's batch of 1000 and E2's eval batch of 1000 split over 8 chips, not 16; E5 at
+  # twice the batch on twice the chips (the optimizer's share per chip halves).
   yield "E5 euclidean v5e:2x4", e5("euclidean", "sgd"), "v5e:2x4", {}
   yield "E5 stiefel radam v5e:2x4", e5("stiefel", "radam"), "v5e:2x4", {}
+  b2000 = ("--config.batch_size=2000", "--config.eval_batch_size=2000")
+  yield "E5 euclidean v5e:4x4 b2000", e5("euclidean", "sgd", *b2000), \
+      "v5e:4x4", {}
+  yield "E5 stiefel radam v5e:4x4 b2000", e5("stiefel", "radam", *b2000), \
+      "v5e:4x4", {}
   yield "E2 vgg6 v5e:2x4", flagfile_config("e2_vgg6.flags", "--config.compute_dtype=bfloat16"), \
       "v5e:2x4", {}
   yield "E1 bn fsdp v5e:4x4", e1("bn", "--config.mesh.data=1", "--config.mesh.fsdp=-1"), \
@@ -196,10 +263,22 @@ def _cases(quick: bool):
   for topo in ("v5e:8x8", "v4:2x2x4"):
     for norm in ("bn", "gmp_imn", "wn_mbn"):
       yield f"E1 {norm} {topo}", e1(norm), topo, {}
+  # The owner-sharded optimizers on a bigger pod and on GPUs: paper batch and 256 per chip.
+  topologies = ["v5e:8x8"] + (["h100:1x1x8"] if _cuda_plugin() else [])
+  for topo in topologies:
+    per_256 = 256 * {"v5e:8x8": 64, "h100:1x1x8": 8}[topo]
+    big = (f"--config.batch_size={per_256}", "--config.optimizer.learning_rate=1.6")
+    for kind in ("radam", "muon"):
+      yield f"E1 bn {CONV_KINDS[kind]} convs {topo}", e1("bn"), topo, {"optimizer": kind}
+    yield f"E1 bn {topo} b{per_256}", e1("bn", *big), topo, {}
+    for kind in ("radam", "muon"):
+      yield (f"E1 bn {CONV_KINDS[kind]} convs {topo} b{per_256}", e1("bn", *big), topo,
+             {"optimizer": kind})
   if _cuda_plugin():   # the gpu-compile extra: deviceless H100 compiles
     yield "E1 bn h100:1x1x8", e1("bn"), "h100:1x1x8", {}
     yield "E1 gmp_imn h100:1x1x8", e1("gmp_imn"), "h100:1x1x8", {}
     yield "E5 euclidean h100:1x1x8", e5("euclidean", "sgd"), "h100:1x1x8", {}
+    yield "E5 stiefel radam h100:1x1x8", e5("stiefel", "radam"), "h100:1x1x8", {}
 
 
 def _cuda_plugin() -> bool:
@@ -220,6 +299,10 @@ def run(quick: bool = False, on_report: Callable[[str, aot.CompileReport], None]
     if only and (name != only if exact else only not in name):
       continue
     optimizer = conv_optimizer(how["optimizer"], config) if "optimizer" in how else None
+    if "optimizer" in how or config.model.get("weights", "euclidean") != "euclidean":
+      plan = owner_plan(config, topo, optimizer)
+      if plan is not None:
+        PLANS[name] = plan
     report = aot.compile_for(config, topo, num_slices=how.get("num_slices"),
                              optimizer=optimizer)
     REPORTS[name] = report
@@ -244,21 +327,58 @@ def run(quick: bool = False, on_report: Callable[[str, aot.CompileReport], None]
   return rows
 
 
+# (case, baseline, what the ratio is, FLOPs bound, bytes bound or None): the
+# optimizers' overhead targets (issue 25's table; gmp_imn's from E1).
+def _pairs() -> list[tuple[str, str, str, float, float | None]]:
+  out = [("E1 gmp_imn v5e:4x4 b4096", "E1 bn v5e:4x4 b4096", "gmp_imn / bn (256 per chip)",
+          1.05, 1.05)]
+  for topo, big in (("v5e:4x4", "b4096"), ("v5e:8x8", "b16384"), ("h100:1x1x8", "b2048")):
+    for kind, paper, per_256 in (("radam-cayley", 1.3, 1.05), ("muon", 1.15, 1.02)):
+      out += [(f"E1 bn {kind} convs {topo}", f"E1 bn {topo}",
+               f"{kind} on convs / bn, paper batch, {topo}", paper, paper),
+              (f"E1 bn {kind} convs {topo} {big}", f"E1 bn {topo} {big}",
+               f"{kind} on convs / bn, 256 per chip, {topo}", per_256, per_256)]
+  out += [("E5 stiefel radam v5e:2x4", "E5 euclidean v5e:2x4",
+           "E5 stiefel radam / euclidean, batch 1000, v5e:2x4", 2.5, 2.0),
+          ("E5 stiefel radam v5e:4x4 b2000", "E5 euclidean v5e:4x4 b2000",
+           "E5 stiefel radam / euclidean, batch 2000, v5e:4x4", 2.0, None),
+          ("E5 stiefel radam h100:1x1x8", "E5 euclidean h100:1x1x8",
+           "E5 stiefel radam / euclidean, batch 1000, h100:1x1x8", 2.5, 2.0)]
+  return out
+
+
 def _ratios() -> list[Row]:
   out = []
-  pairs = [("E1 bn radam-cayley convs v5e:4x4 b4096", "E1 bn v5e:4x4 b4096", 1.15),
-           ("E1 bn muon convs v5e:4x4 b4096", "E1 bn v5e:4x4 b4096", 1.05),
-           ("E1 gmp_imn v5e:4x4 b4096", "E1 bn v5e:4x4 b4096", 1.05)]
-  for a, b, bound in pairs:
-    if a in REPORTS and b in REPORTS:
-      ra, rb = REPORTS[a].train, REPORTS[b].train
-      extra = (f"extra per chip per step: {(ra.flops - rb.flops) / 1e9:.4g} GFLOP, "
-               f"{(ra.bytes_accessed - rb.bytes_accessed) / 2 ** 30:.3g} GiB of HBM traffic, "
-               f"{(ra.memory['total'] - rb.memory['total']) / 2 ** 30:.3g} GiB of HBM")
-      for what, x, y in (("FLOPs", ra.flops, rb.flops),
-                         ("bytes accessed", ra.bytes_accessed, rb.bytes_accessed)):
-        out.append(row(SUITE, f"{a.split(' v5e')[0]} / bn (256 per chip), {what}", x / y, "x",
-                       Target("<=", bound), note=extra))
+  for a, b, what_ratio, flops_bound, bytes_bound in _pairs():
+    if a not in REPORTS or b not in REPORTS:
+      continue
+    ra, rb = REPORTS[a].train, REPORTS[b].train
+    extra = (f"extra per chip per step: {(ra.flops - rb.flops) / 1e9:.4g} GFLOP, "
+             f"{(ra.bytes_accessed - rb.bytes_accessed) / 2 ** 30:.3g} GiB of HBM traffic, "
+             f"{(ra.memory['total'] - rb.memory['total']) / 2 ** 30:.3g} GiB of HBM")
+    if a in PLANS:
+      extra += f"; most loaded owner / mean: {PLANS[a].load_max_over_mean:.2f}"
+    for what, x, y, bound in (("FLOPs", ra.flops, rb.flops, flops_bound),
+                              ("bytes accessed", ra.bytes_accessed, rb.bytes_accessed,
+                               bytes_bound)):
+      out.append(row(SUITE, f"{what_ratio}, {what}", x / y, "x",
+                     None if bound is None else Target("<=", bound), note=extra))
+  for name, p in PLANS.items():
+    mib = lambda b: f"{b / 2 ** 20:.1f} MiB"
+    out.append(row(
+        SUITE, f"{name}: orthogonal optimizer state per chip × {p.num_owners} / replicated",
+        p.num_owners * p.orthogonal_state[0] / p.orthogonal_state[1], "x", Target("<=", 1.25),
+        note=f"{mib(p.orthogonal_state[0])} per chip against {mib(p.orthogonal_state[1])}; "
+             f"all optimizer state per chip {mib(p.state[0])} against {mib(p.state[1])} "
+             f"replicated; most loaded owner / mean: {p.load_max_over_mean:.2f}"))
+    if name in REPORTS:
+      coll = REPORTS[name].train.optimizer_collectives
+      out.append(row(
+          SUITE, f"{name}: all-reduces the optimizer runs", coll.get("all-reduce", {}).get(
+              "count", 0), "", Target("<=", 0),
+          note="optimizer's collectives: " + (", ".join(
+              f"{k} {int(v['count'])}× ({v['bytes'] / 2 ** 20:.0f} MiB)"
+              for k, v in sorted(coll.items())) or "none")))
   if "E1 bn fsdp v5e:4x4" in REPORTS:
     fsdp, data = REPORTS["E1 bn fsdp v5e:4x4"].train, REPORTS["E1 bn v5e:4x4"].train
     out.append(row(SUITE, "E1 bn fsdp-16 / data-16, argument bytes per chip",
