@@ -88,10 +88,17 @@ def assign_owners(leaves: Sequence[MatrixLeaf], num_owners: int) -> tuple[tuple[
 
   Every index of every leaf is in exactly one piece, and no owner holds two
   pieces of one leaf. Single matrices go first, longest-processing-time-first
-  to the least loaded owner; then the stacks' layers fill the owners up to a
-  common level (water-filling): the layers of all stacks, laid end to end, are
-  cut where the owners' remaining capacities add up, so each owner gets one
+  to the least loaded owner (ties to the highest index, so the owners without
+  singles come first); then the stacks' layers fill the owners up to a common
+  level (water-filling): the layers of all stacks, laid end to end, are cut
+  where the owners' remaining capacities add up, so each owner gets one
   contiguous run and overshoots the level by less than one layer.
+
+  A lone stack (a scanned network) is *striped* where that costs no balance:
+  owners ``0, 1, …`` take ``s`` layers each in order, the last of them the rest —
+  the layout an all-gather of equal blocks writes in place. ``s`` is the
+  largest share of the water-filled assignment (its layer counts by largest
+  remainder), and no owner goes above that assignment's most loaded one.
   """
   if num_owners < 1:
     raise ValueError(f"num_owners must be >= 1, got {num_owners}")
@@ -100,13 +107,17 @@ def assign_owners(leaves: Sequence[MatrixLeaf], num_owners: int) -> tuple[tuple[
   singles = sorted((leaf for leaf in leaves if leaf.length == 1),
                    key=lambda leaf: (-leaf.matrix_cost, leaf.index))
   for leaf in singles:
-    owner = min(range(num_owners), key=lambda j: (loads[j], j))
+    owner = min(range(num_owners), key=lambda j: (loads[j], -j))
     loads[owner] += leaf.matrix_cost
     owned[owner].append(Piece(leaf.index, 0, 1))
 
   stacks = [leaf for leaf in leaves if leaf.length > 1]
   total = sum(leaf.matrix_cost * leaf.length for leaf in stacks)
-  if total:
+  if len(stacks) == 1:
+    for owner, piece in _stripe(stacks[0], loads):
+      loads[owner] += stacks[0].matrix_cost * piece.size
+      owned[owner].append(piece)
+  elif total:
     level = _water_level(loads, total)
     ends = list(itertools.accumulate(max(level - load, 0.0) for load in loads))
     done = 0.0
@@ -123,6 +134,26 @@ def assign_owners(leaves: Sequence[MatrixLeaf], num_owners: int) -> tuple[tuple[
         loads[owner] += leaf.matrix_cost * (last + 1 - first)
         owned[owner].append(Piece(leaf.index, first, last + 1))
   return tuple(tuple(sorted(pieces)) for pieces in owned)
+
+
+def _stripe(leaf: MatrixLeaf, loads: Sequence[int]) -> list[tuple[int, Piece]]:
+  """One stack over owners already carrying ``loads``: ``(owner, piece)`` in order."""
+  cost, n = leaf.matrix_cost, len(loads)
+  level = _water_level(loads, cost * leaf.length)
+  room = [max(level - load, 0.0) / cost for load in loads]
+  counts = [int(r) for r in room]   # largest remainder (Hamilton) to the layer count
+  by_remainder = sorted(range(n), key=lambda j: (-(room[j] - counts[j]), j))
+  for j in by_remainder[:leaf.length - sum(counts)]:
+    counts[j] += 1
+  most = max(load + cost * k for load, k in zip(loads, counts))
+  share, start, out = max(counts), 0, []
+  for j in range(n):
+    take = min(share, leaf.length - start, int((most - loads[j]) // cost))
+    if take > 0:
+      out.append((j, Piece(leaf.index, start, start + take)))
+      start += take
+  assert start == leaf.length, "the striped shares hold every layer"
+  return out
 
 
 def _water_level(loads: Sequence[int], amount: int) -> float:

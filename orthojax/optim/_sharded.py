@@ -114,9 +114,11 @@ class UpdateLayout:
     leaves: the matrix leaves owners update (:class:`MatrixLeaf`).
     replicated: indices of the leaves every device updates.
     pieces: per owner, its :class:`Piece` s.
-    striped: the stacks split evenly over the owners in owner order (owner ``j``
-      holds layers ``[j s, (j + 1) s)``): they enter the update as each device's
-      own block and leave it by an all-gather straight into the stack's layout.
+    striped: ``(leaf, s)`` of the stacks whose owner ``j`` holds layers
+      ``[j s, (j + 1) s)`` (the last owners fewer or none): their updates leave by
+      one all-gather of ``s``-layer blocks straight into the stack's layout; where
+      the owners' blocks tile the stack exactly, its gradients and parameters also
+      enter as each device's own block.
     branch: per owner, the program it runs (owners with equal piece shapes share).
     params_treedef: the params' tree structure.
     param_avals: per leaf of params, ``(shape, dtype name)``.
@@ -135,7 +137,7 @@ class UpdateLayout:
   leaves: tuple[MatrixLeaf, ...]
   replicated: tuple[int, ...]
   pieces: tuple[tuple[Piece, ...], ...]
-  striped: tuple[int, ...]
+  striped: tuple[tuple[int, int], ...]
   branch: tuple[int, ...]
   params_treedef: Any
   param_avals: tuple[tuple[tuple[int, ...], str], ...]
@@ -188,13 +190,19 @@ def _matrix_leaf(index: int, leaf: Any, view: Any, name: str) -> MatrixLeaf | No
   return MatrixLeaf(index, lo.shape, batch_axes, matrix_cost(lo.fan_in, lo.fan_out) * inner)
 
 
-def _is_striped(leaf: MatrixLeaf, pieces: Sequence[Sequence[Piece]]) -> bool:
-  """Whether owner ``j`` of ``len(pieces)`` holds layers ``[j s, (j + 1) s)`` of ``leaf``."""
-  n = len(pieces)
-  if leaf.batch_axis is None or leaf.length % n:
-    return False
-  s = leaf.length // n
-  return all(Piece(leaf.index, j * s, (j + 1) * s) in mine for j, mine in enumerate(pieces))
+def _stripe_share(leaf: MatrixLeaf, pieces: Sequence[Sequence[Piece]]) -> int:
+  """``s`` where owner ``j`` holds layers ``[j s, (j + 1) s)`` of ``leaf`` (clipped to
+  its length; owners past its end none), else 0."""
+  first = [p for p in pieces[0] if p.index == leaf.index]
+  if leaf.batch_axis is None or not first or first[0].start != 0:
+    return 0
+  s = first[0].size
+  for j, mine in enumerate(pieces):
+    expected = Piece(leaf.index, j * s, min((j + 1) * s, leaf.length))
+    held = [p for p in mine if p.index == leaf.index]
+    if held != ([expected] if expected.start < leaf.length else []):
+      return 0
+  return s
 
 
 def _slice(x: Any, leaf: MatrixLeaf, start: Any, size: int) -> Any:
@@ -258,7 +266,8 @@ def plan(tx: optax.GradientTransformation, params: Any, *, num_owners: int,
     else:
       matrices.append(described)
   pieces = assign_owners(matrices, num_owners)
-  striped = tuple(leaf.index for leaf in matrices if _is_striped(leaf, pieces))
+  striped = tuple((leaf.index, share) for leaf in matrices
+                  if (share := _stripe_share(leaf, pieces)))
   signatures: dict[tuple[tuple[int, int], ...], int] = {}
   branch = tuple(signatures.setdefault(tuple((p.index, p.size) for p in mine), len(signatures))
                  for mine in pieces)
@@ -308,7 +317,7 @@ def plan(tx: optax.GradientTransformation, params: Any, *, num_owners: int,
       state_len[dtype] = max(state_len.get(dtype, 0), n)
     sizes: dict[str, int] = {}
     for p in mine:
-      if p.index in striped:
+      if p.index in dict(striped):
         continue
       shape, dtype = avals[p.index]
       n = int(np.prod(shape, dtype=np.int64)) // layout.leaf(p.index).length * p.size
@@ -483,12 +492,30 @@ def _place(x: Any, sharding: NamedSharding) -> Any:
 def _update_offsets(layout: UpdateLayout, owner: int) -> dict[int, int]:
   offsets, used = {}, {}
   for piece in layout.pieces[owner]:
-    if piece.index in layout.striped:
+    if piece.index in dict(layout.striped):
       continue
     dtype = layout.param_avals[piece.index][1]
     offsets[piece.index] = used.get(dtype, 0)
     used[dtype] = used.get(dtype, 0) + _piece_size(layout, piece)
   return offsets
+
+
+def _block(layout: UpdateLayout, index: int, share: int, mine: Sequence[Piece],
+           u_leaves: Sequence[Any], dtype: Any) -> Any:
+  """This owner's update of striped leaf ``index`` as a ``share``-layer block
+  (zero-padded at the stack's end)."""
+  leaf = layout.leaf(index)
+  shape = list(leaf.shape)
+  shape[leaf.batch_axis] = share
+  held = [p for p in mine if p.index == index]
+  if not held:
+    return jnp.zeros(shape, dtype)
+  u = u_leaves[index].astype(dtype)
+  if held[0].size == share:
+    return u
+  pad = [(0, 0)] * len(shape)
+  pad[leaf.batch_axis] = (0, share - held[0].size)
+  return jnp.pad(u, pad)
 
 
 def _piece_shape(layout: UpdateLayout, piece: Piece) -> tuple[int, ...]:
@@ -579,7 +606,9 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
     rest_updates = layout.params_treedef.flatten_up_to(rest_updates)
 
     owned = [leaf.index for leaf in layout.leaves]
-    striped = set(layout.striped)
+    striped = dict(layout.striped)
+    # A stack the owners' blocks tile exactly arrives as each device's own block.
+    blocked = {i for i, share in striped.items() if share * owners == layout.leaf(i).length}
     representative = {}
     for j, b in enumerate(layout.branch):
       representative.setdefault(b, j)
@@ -595,15 +624,15 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
       for i, p, g in zip(owned, p_owned, g_owned):
         p_all[i], g_all[i] = p, g
       mine = layout.pieces[rep]
-      # A striped stack arrives as this device's own block: its piece starts at 0.
-      piece_starts = [0 if p.index in striped else my_starts[k] for k, p in enumerate(mine)]
+      piece_starts = [0 if p.index in blocked else my_starts[k] for k, p in enumerate(mine)]
       state_j = layout.state_treedef.unflatten(_unpack_state(layout, rep, rows))
       new_u, new_state = tx.update(_piece_tree(layout, g_all, mine, piece_starts), state_j,
                                    _piece_tree(layout, p_all, mine, piece_starts))
       u_leaves = layout.params_treedef.flatten_up_to(new_u)
       u_packed = _pack([u_leaves[p.index].astype(g_all[p.index].dtype) for p in mine
                         if p.index not in striped], update_lengths)
-      u_striped = tuple(u_leaves[i].astype(g_all[i].dtype) for i in layout.striped)
+      u_striped = tuple(_block(layout, i, share, mine, u_leaves, g_all[i].dtype)
+                        for i, share in layout.striped)
       return u_packed, u_striped, _pack_state(layout, rep, _flatten(new_state)[0])
 
     def body(p_owned, g_owned, rows):
@@ -619,8 +648,11 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
 
     def share(u_packed, u_striped, s_packed):
       gathered = {d: jax.lax.all_gather(v, axes) for d, v in u_packed.items()}
-      in_place = {i: jax.lax.all_gather(u, axes, axis=layout.leaf(i).batch_axis, tiled=True)
-                  for i, u in zip(layout.striped, u_striped)}
+      in_place = {}
+      for (i, _), u in zip(layout.striped, u_striped):
+        leaf = layout.leaf(i)
+        blocks = jax.lax.all_gather(u, axes, axis=leaf.batch_axis, tiled=True)
+        in_place[i] = jax.lax.slice_in_dim(blocks, 0, leaf.length, axis=leaf.batch_axis)
       offsets = [_update_offsets(layout, j_) for j_ in range(owners)]
       full = []
       for leaf in layout.leaves:
@@ -640,8 +672,8 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
 
     # The owners' ops keep the wrapped transformation's own scope names; the sharing
     # (all-gather and unpacking) is named "owner_sharded".
-    def spec(i):   # a striped stack's layers split over the owners, the rest whole
-      if i not in striped:
+    def spec(i):   # a blocked stack's layers split over the owners, the rest whole
+      if i not in blocked:
         return P()
       axis, ndim = layout.leaf(i).batch_axis, len(layout.param_avals[i][0])
       return P(*(axes if a == axis else None for a in range(ndim)))

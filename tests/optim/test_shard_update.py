@@ -132,7 +132,19 @@ def test_an_evenly_split_stack_enters_and_leaves_in_its_layout(name, data, fsdp)
   state = _compare(OPTIMIZERS[name], _mesh(data, fsdp), jnp.float32, shapes={"even": (16, 12, 12)})
   (node,) = [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(
       x, oj.optim.ShardedUpdateState)) if isinstance(x, oj.optim.ShardedUpdateState)]
-  assert node.layout.striped == (0,) and node.layout.update_lengths == ()
+  assert node.layout.striped == ((0, 2),) and node.layout.update_lengths == ()
+
+
+@pytest.mark.parametrize("name", ["radam-fused-qr", "muon"])
+def test_a_striped_stack_with_a_short_tail_beside_a_matrix(name):
+  """E5's tree in small: the kernel on the last owner, the stack in 2-layer blocks
+  (owners 0-5 two layers, owner 6 the last one, owner 7 none of it)."""
+  shapes = {"odd": (13, 12, 12), "tall": (40, 12)}
+  state = _compare(OPTIMIZERS[name], _mesh(8), jnp.float32, shapes=shapes)
+  (node,) = [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(
+      x, oj.optim.ShardedUpdateState)) if isinstance(x, oj.optim.ShardedUpdateState)]
+  odd = sorted(shapes).index("odd")
+  assert dict(node.layout.striped) == {odd: 2}
 
 
 def test_state_lives_on_its_owner_and_round_trips():
