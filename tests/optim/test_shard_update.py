@@ -125,8 +125,7 @@ def test_fsdp_and_data_times_fsdp_meshes(name, data, fsdp):
   _compare(OPTIMIZERS[name], _mesh(data, fsdp), jnp.float32, shapes=SMALL)
 
 
-@pytest.mark.parametrize("data,fsdp", [(8, 1), (2, 4)])
-@pytest.mark.parametrize("name", ["radam-fused-qr", "muon"])
+@pytest.mark.parametrize("name,data,fsdp", [("radam-fused-qr", 2, 4), ("muon", 8, 1)])
 def test_an_evenly_split_stack_enters_and_leaves_in_its_layout(name, data, fsdp):
   """E5's case: a stack alone, 2 layers per owner in owner order (on data x fsdp too)."""
   state = _compare(OPTIMIZERS[name], _mesh(data, fsdp), jnp.float32, shapes={"even": (16, 12, 12)})
