@@ -316,17 +316,26 @@ class DeepMLP(nnx.Module):
 
   def _hidden(self, x: jax.Array, collect: bool) -> tuple[jax.Array, jax.Array | None]:
     """``h^{L+1}`` and, if ``collect``, the stacked ``h¹, …, h^{L+1}`` (else None)."""
-    w_in, w, b_in, b = dtypes.promote_dtype(
-        (*self.effective_kernels(), self.in_bias[...], self.biases[...]), dtype=self.dtype)
+    # A manifold layer computes s · (x V) rather than x (s V): the scale goes on the
+    # activations, so the scaled stack (and its gradient) is never materialised.
+    depth = self.kernels[...].shape[0]
+    ones = jnp.ones((), self.kernels.dtype)
+    s_in = ones if self.in_scale is None else self.in_scale[...]
+    s = jnp.broadcast_to(ones, (depth,)) if self.scales is None else self.scales[...]
+    v_in, v, b_in, b, s_in, s = dtypes.promote_dtype(
+        (self.in_kernel[...], self.kernels[...], self.in_bias[...], self.biases[...], s_in, s),
+        dtype=self.dtype)
     act = self.activation
+    scaled = self.scales is not None
 
     def layer(h, params):
-      w_l, b_l = params
-      h = act(h) @ w_l + b_l
+      v_l, b_l, s_l = params
+      h = ((act(h) @ v_l) * s_l if scaled else act(h) @ v_l) + b_l
       return h, (h if collect else None)
 
-    h1 = jnp.asarray(x, w_in.dtype) @ w_in + b_in
-    h, hs = jax.lax.scan(layer, h1, (w, b))
+    h1 = jnp.asarray(x, v_in.dtype) @ v_in
+    h1 = (h1 * s_in if scaled else h1) + b_in
+    h, hs = jax.lax.scan(layer, h1, (v, b, s))
     return h, (jnp.concatenate([h1[None], hs], axis=0) if collect else None)
 
   def preactivations(self, x: jax.Array) -> jax.Array:
