@@ -11,10 +11,12 @@ devices. :func:`shard_update` wraps a per-leaf transformation so that
 2. each owner runs the wrapped transformation on its own matrices only, and
    holds their optimizer state only (per-device state ~ 1/N of the replicated
    one);
-3. the owners' new updates are shared with one ``all_gather`` over those axes
-   (a stack split evenly over the owners, layer ranges in owner order, is
-   gathered straight into its layout, and its gradients and parameters enter
-   as each device's own block).
+3. the owners' new updates are shared by ``all_gather`` s over those axes: one
+   of the packed updates per dtype, and one per *striped* stack (owner ``j``
+   holding layers ``[j s, (j + 1) s)``, as :func:`orthojax.optim.assign_owners`
+   lays out a lone stack), whose blocks land straight in the stack's layout;
+   where the blocks tile the stack exactly, its gradients and parameters also
+   enter as each device's own block.
 
 Vectors and scalars (biases, scales, anything without a matrix view) are
 cheap and stay replicated: every device updates them, as before.
@@ -24,7 +26,7 @@ Execution: a ``jax.shard_map`` over the mesh whose body switches
 pieces have the same shapes (e.g. equal chunks of one stack) share one branch
 and differ only in their slice offsets, so a stack compiles once however many
 devices share it. No collective runs inside an orthogonalization: the only
-collective the wrapper adds is the all-gather of the finished updates (and the
+collectives the wrapper adds are the all-gathers of the finished updates (and the
 gradients arrive all-reduced, as for the replicated update). Dion
 (microsoft/dion) shares same-shape stacks with all-to-alls; here whole
 matrices of any shape are assigned, which is what ResNet-style kernels with
