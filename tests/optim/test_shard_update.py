@@ -238,3 +238,16 @@ def test_owner_assignment_covers_every_matrix_once_and_balances(seed):
     # Graham's LPT bound on the single matrices (against the optimum's lower bound
     # max(mean, biggest)), plus less than one layer of water-filling overshoot.
     assert max(loads) <= 4 / 3 * max(sum(loads) / owners, biggest) + layer
+
+
+@pytest.mark.parametrize("owners,share,tail", [(8, 26, 18), (16, 13, 5)])
+def test_a_lone_stack_is_striped_with_the_single_kernels_last(owners, share, tail):
+  """E5: a 3072 x 400 input kernel (7.7 layers' cost) and a 200 x 400 x 400 stack."""
+  leaves = [_owners.MatrixLeaf(0, (3072, 400), (), _owners.matrix_cost(3072, 400)),
+            _owners.MatrixLeaf(1, (200, 400, 400), (0,), _owners.matrix_cost(400, 400))]
+  pieces = _owners.assign_owners(leaves, owners)
+  expected = [(_owners.Piece(1, j * share, (j + 1) * share),) for j in range(owners - 1)]
+  assert list(pieces[:-1]) == expected
+  assert pieces[-1] == (_owners.Piece(0, 0, 1), _owners.Piece(1, 200 - tail, 200))
+  loads = _owners.loads(leaves, pieces)   # as balanced as the water-fill's optimum
+  assert max(loads) * owners / sum(loads) < 1.002
