@@ -161,6 +161,11 @@ class UpdateLayout:
   def __eq__(self, other: Any) -> bool:
     return self is other or (isinstance(other, UpdateLayout) and self._key == other._key)
 
+  @functools.cached_property
+  def stripe_share(self) -> dict[int, int]:
+    """``{leaf: s}`` of the striped stacks."""
+    return dict(self.striped)
+
   def leaf(self, index: int) -> MatrixLeaf:
     return self._by_index[index]
 
@@ -319,7 +324,7 @@ def plan(tx: optax.GradientTransformation, params: Any, *, num_owners: int,
       state_len[dtype] = max(state_len.get(dtype, 0), n)
     sizes: dict[str, int] = {}
     for p in mine:
-      if p.index in dict(striped):
+      if p.index in layout.stripe_share:
         continue
       shape, dtype = avals[p.index]
       n = int(np.prod(shape, dtype=np.int64)) // layout.leaf(p.index).length * p.size
@@ -494,7 +499,7 @@ def _place(x: Any, sharding: NamedSharding) -> Any:
 def _update_offsets(layout: UpdateLayout, owner: int) -> dict[int, int]:
   offsets, used = {}, {}
   for piece in layout.pieces[owner]:
-    if piece.index in dict(layout.striped):
+    if piece.index in layout.stripe_share:
       continue
     dtype = layout.param_avals[piece.index][1]
     offsets[piece.index] = used.get(dtype, 0)
@@ -608,7 +613,7 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
     rest_updates = layout.params_treedef.flatten_up_to(rest_updates)
 
     owned = [leaf.index for leaf in layout.leaves]
-    striped = dict(layout.striped)
+    striped = layout.stripe_share
     # A stack the owners' blocks tile exactly arrives as each device's own block.
     blocked = {i for i, share in striped.items() if share * owners == layout.leaf(i).length}
     representative = {}
