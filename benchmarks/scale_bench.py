@@ -58,6 +58,7 @@ from orthojax.train import aot
 from orthojax.train import data as data_lib
 from orthojax.train import model_zoo
 from orthojax.train import optimizers
+from orthojax.train import overrides as overrides_lib
 from orthojax.train import topology as topology_lib
 from orthojax.train.config import Config
 from orthojax.train.program import build_program
@@ -86,8 +87,8 @@ def _from_repo(arg: str) -> str:
 def flagfile_config(name: str, *overrides: str) -> Config:
   """The training config of an experiment flagfile, as the experiment builds it: the
   flagfile's ``--config=FILE[:ARG]`` line and ``--config.key=value`` lines, then
-  ``--config.checkpoint.every_steps=0`` and ``overrides`` (``--config.key=value``), read by
-  ml_collections' ``config_flags``; the experiment's own flags (``--q_stars``, …) are left
+  ``--config.checkpoint.every_steps=0`` and ``overrides`` (``--config.key=value``), applied
+  as the experiments apply them (:mod:`orthojax.train.overrides`); the experiment's own flags (``--q_stars``, …) are left
   out. Validated for no particular devices (the topology's are checked by the compile)."""
   fv = flags.FlagValues()
   lines = fv.read_flags_from_files([f"--flagfile={FLAGS_DIR / name}"], force_gnu=False)
@@ -97,12 +98,14 @@ def flagfile_config(name: str, *overrides: str) -> Config:
   bad = [a for a in overrides if not a.startswith(("--config.", "--noconfig."))]
   if bad:
     raise ValueError(f"flagfile_config({name!r}): {bad[0]}: overrides are --config.key=value")
-  argv = [SUITE, *(_from_repo(a) if a.startswith("--config=") else a for a in args),
-          "--config.checkpoint.every_steps=0", *overrides]
+  files = [_from_repo(a) for a in args if a.startswith("--config=")]
+  changes = [a for a in args if not a.startswith("--config=")]
+  changes += ["--config.checkpoint.every_steps=0", *overrides]
   config_flags.DEFINE_config_file("config", None, "the training config", flag_values=fv,
-                                  lock_config=True, sys_argv=argv)
-  fv(argv)
-  return Config.from_dict({**fv.config.to_dict(), "workdir": ""}).validate()
+                                  lock_config=True, sys_argv=[SUITE, files[-1]])
+  fv([SUITE, files[-1]])
+  tree = overrides_lib.apply_all(fv.config.to_dict(), changes)
+  return Config.from_dict({**tree, "workdir": ""}).validate()
 
 
 def e5_config(weights: str, optimizer: str, *overrides: str) -> Config:

@@ -43,6 +43,7 @@ from etils import epath
 from ml_collections import config_flags
 
 from orthojax.train import distributed
+from orthojax.train import overrides as overrides_lib
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
 
@@ -63,8 +64,8 @@ def define_flags(default_config: str = "train.py") -> None:
     return
   try:
     _define_config(default_config)
-  except (*_OVERRIDE_ERRORS, config_flags.config_flags.UnsupportedOperationError) as e:
-    _fail_override(e, sys.argv)   # ml_collections applies argv's overrides here already
+  except (*_LOAD_ERRORS, config_flags.config_flags.UnsupportedOperationError) as e:
+    _fail_to_load(e, sys.argv)   # the default config file does not load
   flags.DEFINE_string("workdir", "", "Output directory: checkpoints, metrics.jsonl, "
                       "TensorBoard files, results and the report. Rerunning resumes there.")
   flags.DEFINE_bool("config_help", False, "Print the config (after overrides) and the "
@@ -80,7 +81,7 @@ def _define_config(default_config: str) -> None:
       "optionally FILE:arg (e.g. e1_resnet50.py:gmp_imn); override any key with "
       "--config.key=value (--config.optimizer.learning_rate=0.1). --config_help prints "
       "the config and every model / optimizer / manifold a section may name.",
-      lock_config=True)
+      lock_config=True, sys_argv=sys.argv[:1])   # overrides: ours (orthojax.train.overrides)
 
 
 def _define_shared() -> None:
@@ -103,59 +104,61 @@ def _define_shared() -> None:
                       "--workdir, and stop (exit 1 if it does not fit).")
 
 
+_OVERRIDES: list[str] = []   # the --config.KEY=VALUE arguments, in order, flagfiles expanded
+
+
 def parse_flags(argv: Sequence[str]) -> list[str]:
-  """absl's flag parsing, with a bad flag as one line (absl prints two) and exit 2."""
+  """absl's flag parsing, with a bad flag as one line (absl prints two) and exit 2.
+
+  The ``--config.KEY=VALUE`` overrides (flagfiles expanded) are kept aside and applied
+  by :func:`config_dict` with :mod:`orthojax.train.overrides`, which can also switch a
+  section's constructor and create a section the file leaves None."""
   from ml_collections.config_flags import config_flags as mlc_flags  # pylint: disable=g-import-not-at-top
+  argv = list(argv)
   try:
-    return flags.FLAGS(list(argv))
+    expanded = flags.FLAGS.read_flags_from_files(argv[1:], force_gnu=False)
+  except flags.CantOpenFlagFileError as e:
+    given = [a for a in argv if a.startswith(("--flagfile=", "-flagfile="))]
+    reason = str(e).rsplit("]", 1)[-1].split(":")[0].strip() or "cannot open it"
+    fail(f"{given[-1] if given else '--flagfile'}: cannot open it ({reason})")
+  _OVERRIDES[:] = [a for a in expanded if overrides_lib.is_override(a)]
+  try:
+    return flags.FLAGS([argv[0], *(a for a in expanded if not overrides_lib.is_override(a))])
   except flags.Error as e:
     cause = e.__cause__ or e.__context__
     if cause is not None and not isinstance(cause, flags.Error):
-      _fail_override(cause, argv)
+      _fail_to_load(cause, argv)
     fail(" ".join(str(e).split("\n")[0].split()))
-  except (*_OVERRIDE_ERRORS, mlc_flags.UnsupportedOperationError) as e:
-    _fail_override(e, argv)   # with an explicit --config, overrides apply while parsing
+  except (*_LOAD_ERRORS, mlc_flags.UnsupportedOperationError) as e:
+    _fail_to_load(e, argv)
 
 
-_OVERRIDE_ERRORS = (AttributeError, KeyError, TypeError, ValueError, OSError)
+_LOAD_ERRORS = (AttributeError, KeyError, TypeError, ValueError, OSError)
 
 
-def _fail_override(e: Exception, argv: Sequence[str]) -> NoReturn:
-  """One line for an override ml_collections rejects (a key the config does not have, a
-  key whose value is None, a config file that does not load)."""
-  text = str(e).replace("\\n", "\n").replace("\\", "")
+def _fail_to_load(e: Exception, argv: Sequence[str]) -> NoReturn:
+  """One line for a config file that does not load."""
   given = [a for a in argv if a.startswith("--config=")]
-  if isinstance(e, OSError) or "parsing config file" in text:
-    cause = e.__cause__ or e
-    while cause.__cause__ is not None:
-      cause = cause.__cause__
-    last = [l for l in str(cause).replace("config_config", "the file").splitlines() if l.strip()]
-    fail(f"{given[-1] if given else '--config'}: cannot load it ({last[-1].strip()[:300]})")
-  overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
-  named = [o for o in overrides
-           if o[len("--config."):] in text or f"'{o.rsplit('.', 1)[-1]}'" in text]
-  override = (named or overrides or ["--config"])[-1]
-  typed = [a for a in argv if a.split("=")[0] == override and "=" in a]
-  override = typed[-1] if typed else override       # with the value the user gave
-  words = " ".join(text.replace("'", "").split())
-  if isinstance(e, (AttributeError, KeyError)):
-    hint = re.search(r'Did you mean "([^"]+)"', text)
-    words = "the config has no such key" + (f"; did you mean {hint.group(1)!r}?" if hint else "")
-  if type(e).__name__ == "UnsupportedOperationError" or "is None" in text:
-    words = "its value is None in the config file; set the section there"
-  fail(f"{override}: cannot set it ({words[:300]}); --config_help lists the config's keys")
+  cause = e.__cause__ or e
+  while cause.__cause__ is not None:
+    cause = cause.__cause__
+  last = [l for l in str(cause).replace("config_config", "the file").splitlines() if l.strip()]
+  fail(f"{given[-1] if given else '--config'}: cannot load it "
+       f"({(last[-1].strip() if last else type(cause).__name__)[:300]})")
 
 
-def config_dict() -> Any:
-  """``--config`` with its overrides applied, or one line and exit 2 (ml_collections
-  applies overrides when the flag is first read, raising plain exceptions)."""
+def config_dict() -> dict[str, Any]:
+  """``--config`` as a plain dict with its overrides applied (:func:`parse_flags`), or
+  one line and exit 2."""
   from ml_collections.config_flags import config_flags as mlc_flags  # pylint: disable=g-import-not-at-top
   try:
-    config = flags.FLAGS.config
-    config.keys()   # a file that failed to load is a proxy that raises on first use
-    return config
-  except (*_OVERRIDE_ERRORS, mlc_flags.UnsupportedOperationError) as e:
-    _fail_override(e, sys.argv)
+    tree = flags.FLAGS.config.to_dict()   # a file that failed to load raises on first use
+  except (*_LOAD_ERRORS, mlc_flags.UnsupportedOperationError) as e:
+    _fail_to_load(e, sys.argv)
+  try:
+    return overrides_lib.apply_all(tree, _OVERRIDES)
+  except ConfigError as e:
+    fail(f"{e}; --config_help lists the config's keys")
 
 
 def run(main: Callable[[list[str]], Any]) -> None:
@@ -176,35 +179,41 @@ def start(argv: Sequence[str]) -> Config:
   if not flags.FLAGS["verbosity"].present:   # Orbax logs every save at INFO
     logging.set_verbosity(logging.WARNING)
   fv = flags.FLAGS
-  tree = config_dict()
-  if fv.config_help:
-    print_config_help(tree)
-    raise SystemExit(0)
   if fv.compile_for:   # abstract TPU devices only; this machine's backend is the CPU
     import jax  # pylint: disable=g-import-not-at-top
     jax.config.update("jax_platforms", "cpu")
-  distributed.initialize(enabled=fv.distributed, coordinator_address=fv.coordinator_address,
-                         num_processes=fv.num_processes, process_id=fv.process_id)
+  if not fv.config_help:
+    distributed.initialize(enabled=fv.distributed, coordinator_address=fv.coordinator_address,
+                           num_processes=fv.num_processes, process_id=fv.process_id)
   import jax  # pylint: disable=g-import-not-at-top  (after distributed start-up)
   config = fail_on_config_error(lambda: config_from_flags(fv))
   if fv.compile_for:   # checked against the topology's chips and hosts by compile_runs
-    return fail_on_config_error(config.validate)
-  return fail_on_config_error(lambda: config.validate(
-      num_devices=jax.device_count(), num_processes=jax.process_count()))
+    config = fail_on_config_error(config.validate)
+  else:
+    config = fail_on_config_error(lambda: config.validate(
+        num_devices=jax.device_count(), num_processes=jax.process_count()))
+  if fv.config_help:   # after the checks the run makes, so it fails where the run would
+    print_config_help(config)
+    raise SystemExit(0)
+  return config
 
 
 def config_from_flags(fv: flags.FlagValues = flags.FLAGS) -> Config:
   """The :class:`Config` of ``--config`` (+ overrides) and ``--workdir`` (not validated)."""
-  tree = config_dict().to_dict()
+  tree = config_dict()
   if "workdir" in tree:
     raise ConfigError("config.workdir: set the workdir with --workdir, not in the config")
   return Config.from_dict({**tree, "workdir": fv.workdir})
 
 
-def print_config_help(config: Any) -> None:
-  """``--config_help``: the config and every constructor a section may name."""
+def print_config_help(config: Config) -> None:
+  """``--config_help``: the checked config and every constructor a section may name."""
+  from ml_collections import config_dict as mlc_dict  # pylint: disable=g-import-not-at-top
   from orthojax.train import registry  # pylint: disable=g-import-not-at-top
-  print(f"The config (--config.KEY=VALUE overrides any key):\n{config}")
+  tree = {k: v for k, v in config.to_dict().items() if k != "workdir"}
+  print("The config, as checked for this run (--config.KEY=VALUE overrides any key; "
+        "--config.SECTION.name=NAME switches a section's constructor):\n"
+        f"{mlc_dict.ConfigDict(tree)}")
   for kind, title in (("model", "config.model.name"), ("optimizer", "config.optimizer.name"),
                       ("manifold", "config.optimizer.manifold.name"),
                       ("layers", "Sequential layers"), ("penalty", "config.penalty"),

@@ -22,8 +22,7 @@ from orthojax.train import Config
 from orthojax.train import data as data_lib
 from orthojax.train import registry
 
-SUPPLIED = ("rngs", "dtype", "param_dtype", "in_features", "out_features", "num_classes",
-            "input_size", "views", "mask", "kernel_metadata", "bias_metadata")
+SUPPLIED = registry.SUPPLIED_KEYWORDS
 # A keyword defaulting to None takes this type from the command line, by its annotation
 # ("Any": a name such as precision="highest" or a dtype "bfloat16").
 _PLACEHOLDERS = (("int", int), ("float", float), ("str", str), ("bool", bool), ("Any", str))

@@ -361,6 +361,11 @@ def _check_sections(config: Config) -> None:
     data_lib.check_options(name, config.options)
   except ValueError as e:
     raise ConfigError(f"config.data: {e}") from None
+  try:
+    data_lib.check_splits(name, config.final_eval_splits)
+  except ValueError as e:
+    raise ConfigError(f"config.final_eval_splits={list(config.final_eval_splits)}: "
+                      f"{e}") from None
 
 
 def _check_mesh(config: Config, num_devices: int) -> None:

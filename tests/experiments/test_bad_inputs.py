@@ -26,18 +26,26 @@ CASES = [
     # experiments.train: every part of the config.
     ("train", TRAIN, "--config.model.name=ResNet51", "config.model.name='ResNet51': unknown"),
     ("train", TRAIN, "--config.model.variant=foo", "config.model.variant='foo'"),
-    ("train", TRAIN, "--config.model.init=orthogonal", "--config.model.init=orthogonal: cannot set it (the config has no such key"),
+    ("train", TRAIN, "--config.model.init=orthogonal",
+     "--config.model.init=orthogonal: cannot set it (MLP takes no keyword 'init'"),
+    ("train", TRAIN, "--config.modle.hidden=3", "cannot set it (the config has no such key; "
+     "did you mean 'model'?)"),
     ("train", TRAIN, "--config.model.hidden=abc", "--config.model.hidden=abc"),
     ("train", TRAIN, "--config.data.name=digitz", "config.data.name='digitz': unknown"),
     ("train", TRAIN, "--config.data.flatten=maybe", "--config.data.flatten=maybe"),
     ("train", TRAIN, "--config.data.bogus=1", "--config.data.bogus=1: cannot set it"),
+    ("train", TRAIN, "--flagfile=experiments/flags/nope.flags",
+     "--flagfile=experiments/flags/nope.flags: cannot open it (No such file or directory)"),
     ("train", TRAIN, "--config.optimizer.name=adamm", "config.optimizer.name='adamm': unknown"),
     ("train", TRAIN, "--config.optimizer.b1=abc", "--config.optimizer.b1=abc"),
     ("train", TRAIN, "--config.optimizer.learning_rate=-1",
      "config.optimizer.learning_rate=-1.0: must be > 0"),
-    ("train", TRAIN, "--config.optimizer.name=radam",
-     "radam takes no keyword 'eps_root'"),   # the file's section holds adam's keywords
-    ("train", TRAIN, "--config.penalty.kind=so", "--config.penalty.kind=so: cannot set it"),
+    ("train", TRAIN, "--config.optimizer.name=radam",   # refilled; the MLP has no manifold
+     "config.optimizer.name='radam': a manifold optimizer needs manifold parameters"),
+    ("train", TRAIN, "--config.optimizer.manifold.retraction=qr",
+     "name its constructor first: --config.optimizer.manifold.name=NAME"),
+    ("train", TRAIN, "--config.penalty.kind=so",   # creates the section; strength is required
+     "config.penalty.strength: add_orthogonality_penalty needs it"),
     ("train", TRAIN, "--config.batch_size=0", "config.batch_size=0: must be > 0"),
     ("train", TRAIN, "--config.batch_size=12", "config.batch_size=12: not divisible by the 8"),
     ("train", TRAIN, "--config.eval_batch_size=7", "config.eval_batch_size"),
@@ -62,7 +70,7 @@ CASES = [
      "--config.loss=mse", "uci/concrete: no local file"),
     # E1 ResNet-50.
     ("resnet50", E1, "--config.model.norm=layer", "config.model.norm='layer'"),
-    ("resnet50", E1, "--config.model.name=VGG6", "VGG6 takes no keyword 'depth'"),
+    ("resnet50", E1, "--config.model.name=ResNet51", "config.model.name='ResNet51': unknown"),
     ("resnet50", E1, "--config.model.depth=51", "config.model.depth"),
     # E2 VGG-6.
     ("vgg6_imagenet32", E2, "--vgg_variants=foo", "--vgg_variants=foo"),

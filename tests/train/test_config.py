@@ -74,6 +74,8 @@ BAD = [
     (dict(mesh={"data": -1, "fsdp": -1}), "only one axis may be -1"),
     (dict(grad_accum_steps=0), "config.grad_accum_steps=0"),
     (dict(final_eval_splits=("test", "holdout")), "config.final_eval_splits"),
+    (dict(final_eval_splits=("validation",)),   # digits has train and test only
+     "config.final_eval_splits=['validation']: digits has no split 'validation'"),
     (dict(max_skipped_fraction=2.0), "config.max_skipped_fraction=2.0"),
     (dict(batch_size=12), "not divisible by the 8 data-parallel devices"),
     (dict(batch_size=8), "not divisible by the 3 processes"),

@@ -62,6 +62,7 @@ from orthojax.train.data._info import DatasetInfo
 from orthojax.train.data._info import DatasetNotFoundError
 from orthojax.train.data._registry import DATASETS
 from orthojax.train.data._registry import check_options
+from orthojax.train.data._registry import check_splits
 from orthojax.train.data._registry import dataset_info
 from orthojax.train.data._registry import default_options
 from orthojax.train.data._registry import eval_batches
@@ -70,6 +71,7 @@ from orthojax.train.data._registry import train_batches
 __all__ = [
     "DATASETS",
     "check_options",
+    "check_splits",
     "DatasetInfo",
     "DatasetNotFoundError",
     "dataset_info",

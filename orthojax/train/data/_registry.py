@@ -99,6 +99,16 @@ def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
   return {k: _coerce(name, k, options.get(k, v), v) for k, v in defaults.items()}
 
 
+def check_splits(name: str, splits: tuple[str, ...]) -> None:
+  """ValueError unless every one of ``splits`` is ``"eval"`` or a split of dataset
+  ``name`` (its module's ``SPLITS``; imported here, as building the run would)."""
+  known = ("eval",) + tuple(s for s in importlib.import_module(
+      f"{_PKG}.{_entry(name)[0]}").SPLITS if s != "eval")
+  for split in splits:
+    if split not in known:
+      raise ValueError(f"{name} has no split {split!r}; choose from {', '.join(known)}")
+
+
 def resolve(name: str, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
   """``(module, options with defaults filled in)``; ValueError on unknown names/options."""
   opts = check_options(name, options)

@@ -1,0 +1,218 @@
+"""Command-line overrides of a nested config, with sections that switch constructor by name.
+
+``--config.KEY=VALUE`` arguments are applied in order, each to the tree the
+previous ones left (:func:`apply_all`):
+
+* **A key the config has** takes the value, parsed as that key's current type:
+  ``true`` / ``false`` for a bool, an int, a float, a string as typed, a
+  Python literal for a tuple or list (a bare word becomes a one-element
+  tuple), and ``none`` clears an optional section.
+* **Naming a constructor** — ``--config.optimizer.name=cayley_adam`` on a
+  registry section (:data:`SECTIONS`: ``model``, ``optimizer``,
+  ``euclidean_optimizer``, ``penalty``, and nested ``manifold``,
+  ``kernel_init``, ``bias_init``, ``scale_init``, ``optimizer`` sections) —
+  refills the section: the new constructor's keywords at their defaults, and
+  the keys the section had where the new constructor takes them. Later
+  overrides then set its keywords. Keywords whose default is None or not a
+  plain value (a function, an object) are left out; the trainer supplies
+  what only it knows (``rngs``, the model's ``views``, …).
+* **Creating a section**: a section that is None or absent in the file is
+  created by naming its constructor (``--config.optimizer.manifold.name=Stiefel``);
+  a section with one constructor (``penalty``) also by setting one of its
+  keywords (``--config.penalty.kind=so --config.penalty.strength=1e-3``).
+* **A keyword a section leaves out** (``--config.optimizer.nesterov=true`` on
+  a section without it) is added when the section's constructor takes it.
+
+Anything else is one line naming the override and what would be right
+(:class:`~orthojax.train.config.ConfigError`). ml_collections' own override
+parser (``config_flags``) sets existing keys only and cannot change a
+section's constructor or create a section that is None in the file, hence this
+module; the value syntax is the same.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import difflib
+from typing import Any, Mapping, MutableMapping, Sequence
+
+from orthojax.train import registry
+from orthojax.train.config import ConfigError
+
+SECTIONS = {"model": "model", "optimizer": "optimizer", "euclidean_optimizer": "optimizer",
+            "penalty": "penalty"}
+"""Top-level keys that are registry sections, and the registry each names from. A nested
+key named after a registry (``manifold``, ``kernel_init``, …) is one too."""
+
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+
+
+def split(argument: str) -> tuple[str, str]:
+  """``"--config.a.b=value"`` → ``("a.b", "value")``; ``--noconfig.a.b`` sets false."""
+  body = argument.lstrip("-")
+  if body.startswith("noconfig.") and "=" not in body:
+    return body[len("noconfig."):], "false"
+  if not body.startswith("config.") or "=" not in body:
+    raise ConfigError(f"{argument}: an override is --config.KEY=VALUE")
+  key, value = body[len("config."):].split("=", 1)
+  return key, value
+
+
+def is_override(argument: str) -> bool:
+  """Whether a command-line argument is a ``--config.KEY=VALUE`` override."""
+  return argument.startswith(("--config.", "-config.", "--noconfig.", "-noconfig."))
+
+
+def apply_all(tree: Mapping[str, Any], arguments: Sequence[str]) -> dict[str, Any]:
+  """A copy of ``tree`` with each ``--config.KEY=VALUE`` of ``arguments`` applied in order.
+
+  Raises:
+    ConfigError: one line naming the override (``--config.a.b=value: …``).
+  """
+  out = copy.deepcopy(dict(tree))
+  for argument in arguments:
+    key, text = split(argument)
+    try:
+      apply(out, key, text)
+    except ConfigError as e:
+      raise ConfigError(f"--config.{key}={text}: {e}") from None
+  return out
+
+
+def apply(tree: MutableMapping[str, Any], key: str, text: str) -> None:
+  """Set ``tree``'s dotted ``key`` from the command-line text ``text`` (module docstring).
+
+  Raises:
+    ConfigError: why the key cannot be set, without the override (``apply_all`` adds it).
+  """
+  path = key.split(".")
+  if not all(path):
+    raise ConfigError("an empty key; keys are dotted names, e.g. optimizer.learning_rate")
+  parent = _parent(tree, path, creating=path[-1] == "name")
+  last = path[-1]
+  kind = _kind(path[:-1])
+  if kind is not None and last == "name":
+    _refill(parent, kind, text, "config." + ".".join(path[:-1]))
+  elif last in parent:
+    parent[last] = _parse(parent[last], text, last)
+  elif kind is not None:
+    _, fn = registry.resolve_name(kind, parent, "config." + ".".join(path[:-1]))
+    accepted = registry.keywords(fn)
+    if last not in accepted:
+      settable = [k for k in accepted if k not in registry.SUPPLIED_KEYWORDS]
+      raise ConfigError(f"cannot set it ({parent.get('name', fn.__name__)} takes no keyword "
+                        f"{last!r}; its keywords are {', '.join(settable)})")
+    parent[last] = _parse(accepted[last].default, text, last)
+  else:
+    raise ConfigError(_no_such_key(parent, last))
+
+
+def _kind(path: Sequence[str]) -> str | None:
+  """The registry a section at ``path`` names from, or None for a plain section."""
+  if not path:
+    return None
+  if len(path) == 1:
+    return SECTIONS.get(path[0])
+  return path[-1] if path[-1] in registry.REGISTRIES and path[-1] != "layers" else None
+
+
+def _parent(tree: MutableMapping[str, Any], path: Sequence[str], creating: bool
+            ) -> MutableMapping[str, Any]:
+  """The section holding ``path[-1]``; a None or absent registry section on the way is
+  created when the override names its constructor or the section has only one."""
+  node = tree
+  for depth, part in enumerate(path[:-1]):
+    here = path[:depth + 1]
+    value = node.get(part) if isinstance(node, Mapping) else None
+    if isinstance(value, Mapping):
+      node = value
+      continue
+    kind = _kind(here)
+    dotted = "config." + ".".join(here)
+    if part in node and value is not None:
+      raise ConfigError(f"cannot set it ({dotted} is {value!r}, not a section)")
+    if kind is None:
+      raise ConfigError(_no_such_key(node, part) if part not in node else
+                        f"cannot set it ({dotted} is None in the config file)")
+    naming = creating and depth == len(path) - 2
+    default = registry.DEFAULT_NAMES.get(kind)
+    if not naming and default is None:
+      choices = ", ".join(sorted(registry.REGISTRIES[kind]))
+      raise ConfigError(f"cannot set it ({dotted} is not in the config; name its constructor "
+                        f"first: --{dotted}.name=NAME, NAME one of {choices})")
+    node[part] = {} if naming else _filled(kind, default, {})
+    node = node[part]
+  return node
+
+
+def _filled(kind: str, name: str, old: Mapping[str, Any]) -> dict[str, Any]:
+  """``name``'s section, keywords in its signature's order: ``old``'s value where ``name``
+  takes the key, else the plain non-None default."""
+  _, fn = registry.resolve_name(kind, {"name": name}, f"config.{kind}")
+  defaults = registry.with_defaults(kind, {"name": name})
+  out = {"name": name}
+  for k in registry.keywords(fn):
+    if k in old:
+      out[k] = old[k]
+    elif defaults.get(k) is not None and k not in registry.SUPPLIED_KEYWORDS:
+      out[k] = defaults[k]
+  return out
+
+
+def _refill(section: MutableMapping[str, Any], kind: str, name: str, key: str) -> None:
+  registry.resolve_name(kind, {"name": name}, key)   # unknown: the list of choices
+  old = dict(section)
+  section.clear()
+  section.update(_filled(kind, name, old))
+
+
+def _parse(current: Any, text: str, key: str) -> Any:
+  """``text`` as a value of ``current``'s type (a literal where there is none)."""
+  if isinstance(current, bool):
+    if text.lower() in _TRUE:
+      return True
+    if text.lower() in _FALSE:
+      return False
+    raise ConfigError(f"cannot set it ({key} is a bool: true or false)")
+  if isinstance(current, int):
+    try:
+      return int(text)
+    except ValueError:
+      raise ConfigError(f"cannot set it ({key} is an integer)") from None
+  if isinstance(current, float):
+    try:
+      return float(text)
+    except ValueError:
+      raise ConfigError(f"cannot set it ({key} is a number)") from None
+  if isinstance(current, str):
+    return text
+  if isinstance(current, Mapping):
+    if text.lower() == "none":
+      return None
+    raise ConfigError(f"cannot set it ({key} is a section: set its keys, "
+                      f"--config.…{key}.KEY=VALUE, or none to clear it)")
+  value = _literal(text)
+  if isinstance(current, (tuple, list)):
+    if not isinstance(value, (tuple, list)):
+      value = (value,)
+    return type(current)(value)
+  return value
+
+
+def _literal(text: str) -> Any:
+  """A Python literal (``1e-3``, ``(0.5, 0.75)``, ``None``), ``none`` as None, else the text."""
+  if text.lower() == "none":
+    return None
+  if text.lower() in ("true", "false"):
+    return text.lower() == "true"
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def _no_such_key(section: Mapping[str, Any], key: str) -> str:
+  hint = difflib.get_close_matches(key, [str(k) for k in section], n=1)
+  return ("cannot set it (the config has no such key" +
+          (f"; did you mean {hint[0]!r}?)" if hint else ")"))

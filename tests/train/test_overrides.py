@@ -1,0 +1,151 @@
+"""Command-line overrides: typed values, constructors switched by name, sections created."""
+
+from __future__ import annotations
+
+import pytest
+
+import orthojax as oj
+
+from orthojax.train import overrides
+from orthojax.train import registry
+from orthojax.train.config import Config
+from orthojax.train.config import ConfigError
+
+BASE = {
+    "batch_size": 128, "num_epochs": 0.0, "loss": "cross_entropy", "restore_best": False,
+    "decay_boundaries": [], "final_eval_splits": [],
+    "model": {"name": "DeepMLP", "depth": 4, "width": 8, "weights": "stiefel"},
+    "optimizer": {"name": "radam", "learning_rate": 1e-3, "b1": 0.9},
+    "euclidean_optimizer": {"name": "adam", "learning_rate": 1e-3, "b1": 0.8, "eps_root": 0.0},
+    "penalty": None,
+    "mesh": {"data": -1, "fsdp": 1},
+}
+
+# As the trainer supplies them for a Stiefel model (orthojax.train.optimizers.build).
+OPTIMIZER_SUPPLIED = registry.Supplied({"views": None, "mask": None,
+                                        "manifold": oj.manifolds.Stiefel()})
+
+
+def apply(*arguments):
+  return overrides.apply_all(BASE, arguments)
+
+
+@pytest.mark.parametrize("argument,key,value", [
+    ("--config.batch_size=64", ("batch_size",), 64),
+    ("--config.num_epochs=2", ("num_epochs",), 2.0),
+    ("--config.loss=mse", ("loss",), "mse"),
+    ("--config.restore_best=true", ("restore_best",), True),
+    ("--config.restore_best=False", ("restore_best",), False),
+    ("--noconfig.restore_best", ("restore_best",), False),
+    ("--config.decay_boundaries=(0.5,0.75)", ("decay_boundaries",), [0.5, 0.75]),
+    ("--config.final_eval_splits=test", ("final_eval_splits",), ["test"]),
+    ("--config.optimizer.learning_rate=3e-4", ("optimizer", "learning_rate"), 3e-4),
+    ("--config.mesh.fsdp=2", ("mesh", "fsdp"), 2),
+    ("--config.euclidean_optimizer=none", ("euclidean_optimizer",), None),
+])
+def test_a_key_the_config_has_takes_its_type(argument, key, value):
+  tree = apply(argument)
+  for part in key:
+    tree = tree[part]
+  assert tree == value and type(tree) is type(value)
+
+
+def test_overrides_do_not_touch_the_input_and_apply_in_order():
+  tree = apply("--config.batch_size=64", "--config.batch_size=32")
+  assert tree["batch_size"] == 32 and BASE["batch_size"] == 128
+
+
+def test_naming_a_constructor_refills_the_section_with_its_defaults():
+  tree = apply("--config.euclidean_optimizer.name=sgd")
+  # sgd's keywords at their defaults, the file's learning_rate kept, adam's b1 / eps_root gone.
+  assert tree["euclidean_optimizer"] == {"name": "sgd", "learning_rate": 1e-3,
+                                         "nesterov": False}
+  tree = apply("--config.euclidean_optimizer.name=adamw")
+  section = tree["euclidean_optimizer"]
+  assert section["b1"] == 0.8 and section["eps_root"] == 0.0   # the file's, adamw takes them
+  assert section["weight_decay"] == 1e-4                        # adamw's default
+
+
+def test_later_overrides_set_the_new_constructors_keywords():
+  tree = apply("--config.optimizer.name=cayley_adam", "--config.optimizer.q=0.25",
+               "--config.optimizer.iterations=3")
+  section = tree["optimizer"]
+  assert section["name"] == "cayley_adam" and section["q"] == 0.25
+  assert section["iterations"] == 3 and section["b1"] == 0.9
+
+
+@pytest.mark.parametrize("name", sorted(registry.MANIFOLD_OPTIMIZERS) + ["sgd", "adamw", "muon",
+                                                                         "lion"])
+def test_every_optimizer_named_from_the_file_builds(name):
+  inner = (("--config.optimizer.optimizer.name=sgd", "--config.optimizer.optimizer.learning_rate=0.1")
+           if name == "projected_gradient" else ())   # it wraps a Euclidean optimizer section
+  tree = apply(f"--config.optimizer.name={name}", *inner)
+  assert tree["optimizer"]["name"] == name
+  registry.build("optimizer", tree["optimizer"], "config.optimizer", OPTIMIZER_SUPPLIED,
+                 check_only=True)
+
+
+@pytest.mark.parametrize("name", sorted(set(registry.MODELS) - {"Sequential"}))
+def test_every_model_named_builds(name):
+  tree = apply(f"--config.model.name={name}")
+  supplied = registry.Supplied(dict.fromkeys(("rngs", "dtype", "in_features", "out_features",
+                                              "num_classes", "input_size")), owned=("rngs",))
+  registry.build("model", tree["model"], "config.model", supplied, check_only=True)
+
+
+def test_a_section_none_in_the_file_is_created_by_its_keywords():
+  tree = apply("--config.penalty.kind=so", "--config.penalty.strength=1e-3")
+  penalty = tree["penalty"]
+  assert penalty["name"] == "add_orthogonality_penalty"
+  assert penalty["kind"] == "so" and penalty["strength"] == 1e-3
+  assert penalty["gain"] == 1.0   # add_orthogonality_penalty's default
+  Config.from_dict({**BASE, "penalty": penalty})   # a valid section
+  registry.build("penalty", penalty, "config.penalty",
+                 registry.Supplied({"mask": None, "views": None}))
+
+
+def test_a_nested_section_is_created_by_naming_it():
+  tree = apply("--config.optimizer.manifold.name=Stiefel",
+               "--config.optimizer.manifold.retraction=cayley")
+  manifold = tree["optimizer"]["manifold"]
+  assert manifold["name"] == "Stiefel" and manifold["retraction"] == "cayley"
+  built = registry.build("manifold", manifold, "config.optimizer.manifold")
+  assert built.retraction == "cayley"
+
+
+def test_a_keyword_the_section_leaves_out_is_added():
+  tree = apply("--config.optimizer.nesterov=true", "--config.optimizer.reorthonormalize_every=10")
+  assert tree["optimizer"]["nesterov"] is True
+  assert tree["optimizer"]["reorthonormalize_every"] == 10
+
+
+@pytest.mark.parametrize("argument,message", [
+    ("--config.batch_size=abc", "cannot set it (batch_size is an integer)"),
+    ("--config.restore_best=maybe", "restore_best is a bool: true or false"),
+    ("--config.num_epochs=x", "num_epochs is a number"),
+    ("--config.bacth_size=3", "no such key; did you mean 'batch_size'?"),
+    ("--config.optimizer.betas=1", "radam takes no keyword 'betas'; its keywords are "
+                                   "learning_rate, manifold, b1"),
+    ("--config.optimizer.name=adamm", "config.optimizer.name='adamm': unknown; choose one of"),
+    ("--config.optimizer.manifold.retraction=qr",
+     "config.optimizer.manifold is not in the config; name its constructor first: "
+     "--config.optimizer.manifold.name=NAME, NAME one of Oblique, Stiefel"),
+    ("--config.model=3", "model is a section"),
+    ("--config.batch_size.x=3", "config.batch_size is 128, not a section"),
+    ("--config.mesh.bogus=1", "no such key"),
+    ("--config.model.depth", "an override is --config.KEY=VALUE"),
+])
+def test_bad_overrides_are_one_line_naming_the_override(argument, message):
+  with pytest.raises(ConfigError) as e:
+    apply(argument)
+  text = str(e.value)
+  assert "\n" not in text and message in text, text
+  if "=" in argument:
+    assert text.startswith(argument + ": ") or text.startswith(argument.split("=")[0]), text
+
+
+def test_supplied_keywords_are_never_put_into_a_refilled_section():
+  tree = apply("--config.model.name=ResNet")
+  assert not {"rngs", "dtype", "param_dtype", "num_classes"} & set(tree["model"])
+  tree = apply("--config.optimizer.name=muon")
+  assert "views" not in tree["optimizer"]
