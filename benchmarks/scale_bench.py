@@ -57,7 +57,6 @@ from benchmarks._harness import row
 from orthojax.train import aot
 from orthojax.train import data as data_lib
 from orthojax.train import model_zoo
-from orthojax.train import optimizers
 from orthojax.train import overrides as overrides_lib
 from orthojax.train import topology as topology_lib
 from orthojax.train.config import Config
@@ -108,39 +107,33 @@ def flagfile_config(name: str, *overrides: str) -> Config:
   return Config.from_dict({**tree, "workdir": ""}).validate()
 
 
-def e5_config(weights: str, optimizer: str, *overrides: str) -> Config:
+def e5_config(weights: str, *overrides: str) -> Config:
   """E5's network (``critical_tanh.flags``) with ``model.weights`` = ``weights``, as its
-  experiment sets it per run, trained by ``optimizer`` at the flagfile's learning rate:
-  a Euclidean network by ``optimizer`` alone; a manifold network's manifold weights by
-  ``optimizer`` and the rest by Adam (E5's Euclidean optimizer) at the same rate."""
+  experiment sets it per run: the Euclidean group on Adam (every parameter of a Euclidean
+  network; a manifold network's scales, biases and classifier), the manifold group on
+  Riemannian Adam, each at the flagfile's rate."""
   config = flagfile_config("critical_tanh.flags", *overrides)
-  lr = config.learning_rate
-  euclidean = None if weights == "euclidean" else {"name": "adam", "learning_rate": lr}
-  config = dataclasses.replace(config.replace(model={"weights": weights}),
-                               optimizer={"name": optimizer, "learning_rate": lr},
-                               euclidean_optimizer=euclidean)
-  return config.validate()
+  return config.replace(model={"weights": weights}).validate()
 
 
 CONV_KINDS = {"radam": "radam-cayley", "muon": "muon"}
 
 
-def _conv_kernels(params):
-  return jax.tree.map(lambda p: "conv" if p.ndim == 4 else "rest", params)
-
-
-def conv_optimizer(kind: str, config) -> Callable[[Any], Any]:
-  """Every conv kernel on ``kind`` (radam-Cayley or Muon), the rest on the flagfile's chain."""
-  def build(model):
-    del model   # conv kernels are labelled by rank when the chain is initialised
-    rest = optimizers.build(config, total_steps=1000)
-    if kind == "radam":
-      conv = oj.optim.radam(1e-3, oj.manifolds.Stiefel("cayley", cayley_iterations=2),
-                            reorthonormalize_every=100)
-    else:
-      conv = oj.optim.muon(0.02)
-    return oj.optim.partition(_conv_kernels, conv=conv, rest=rest)
-  return build
+CONV_OPTIMIZERS = {
+    # Riemannian Adam with the iterative Cayley retraction (two iterations, re-orthonormalised
+    # every 100 steps), as E1's radam rows have always been measured.
+    "radam": ("--config.model.weights=stiefel", "--config.optimizer.stiefel.name=radam",
+              "--config.optimizer.stiefel.learning_rate=1e-3",
+              "--config.optimizer.stiefel.manifold.name=Stiefel",
+              "--config.optimizer.stiefel.manifold.retraction=cayley",
+              "--config.optimizer.stiefel.manifold.cayley_iterations=2",
+              "--config.optimizer.stiefel.reorthonormalize_every=100"),
+    "muon": ("--config.model.weights=stiefel", "--config.optimizer.stiefel.name=muon",
+             "--config.optimizer.stiefel.learning_rate=0.02"),
+}
+"""Every conv kernel of E1's ResNet-50 on an orthogonalizing optimizer, the rest on the
+flagfile's SGD-momentum: the model's ``weights="stiefel"`` and the Stiefel group, as a
+flagfile would set them (``--config.model.weights=stiefel --config.optimizer.stiefel.…``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,32 +237,33 @@ def _cases(quick: bool):
   e1 = lambda norm, *o: flagfile_config(f"e1_resnet50_{norm}.flags",
                                         "--config.compute_dtype=bfloat16", *o)
   # E5 as its experiment compiles it (--compile_for): the flagfile's float32, the
-  # Euclidean network on Adam (its euclidean_optimizer), the Stiefel one on radam.
+  # Euclidean network on Adam (its Euclidean group), the Stiefel one on radam.
   e5 = e5_config
   # The overhead targets, at 256 images per chip (the per-chip batch TPU recipes
   # use; global 4096 on 16 chips): the optimizer's work per chip does not shrink
   # with the batch, the network's does.
-  big = ("--config.batch_size=4096", "--config.optimizer.learning_rate=1.6")
+  big = ("--config.batch_size=4096", "--config.optimizer.euclidean.learning_rate=1.6")
   yield "E1 bn v5e:4x4 b4096", e1("bn", *big), "v5e:4x4", {}
-  yield "E1 bn muon convs v5e:4x4 b4096", e1("bn", *big), "v5e:4x4", {"optimizer": "muon"}
+  yield "E1 bn muon convs v5e:4x4 b4096", e1("bn", *big, *CONV_OPTIMIZERS["muon"]), "v5e:4x4", {}
   yield "E1 gmp_imn v5e:4x4 b4096", e1("gmp_imn", *big), "v5e:4x4", {}
-  yield "E1 bn radam-cayley convs v5e:4x4 b4096", e1("bn", *big), "v5e:4x4", {"optimizer": "radam"}
+  yield ("E1 bn radam-cayley convs v5e:4x4 b4096", e1("bn", *big, *CONV_OPTIMIZERS["radam"]),
+         "v5e:4x4", {})
   if quick:
     return
   # The paper's global batch, 256: does it fit, and what does it cost per example.
   yield "E1 bn v5e:4x4", e1("bn"), "v5e:4x4", {}
-  yield "E1 bn radam-cayley convs v5e:4x4", e1("bn"), "v5e:4x4", {"optimizer": "radam"}
-  yield "E1 bn muon convs v5e:4x4", e1("bn"), "v5e:4x4", {"optimizer": "muon"}
+  yield "E1 bn radam-cayley convs v5e:4x4", e1("bn", *CONV_OPTIMIZERS["radam"]), "v5e:4x4", {}
+  yield "E1 bn muon convs v5e:4x4", e1("bn", *CONV_OPTIMIZERS["muon"]), "v5e:4x4", {}
   yield "E1 gmp_imn v5e:4x4", e1("gmp_imn"), "v5e:4x4", {}
   yield "E1 wn_mbn v5e:4x4", e1("wn_mbn"), "v5e:4x4", {}
   # E5's batch of 1000 and E2's eval batch of 1000 split over 8 chips, not 16; E5 at
   # twice the batch on twice the chips (the optimizer's share per chip halves).
-  yield "E5 euclidean v5e:2x4", e5("euclidean", "adam"), "v5e:2x4", {}
-  yield "E5 stiefel radam v5e:2x4", e5("stiefel", "radam"), "v5e:2x4", {}
+  yield "E5 euclidean v5e:2x4", e5("euclidean"), "v5e:2x4", {}
+  yield "E5 stiefel radam v5e:2x4", e5("stiefel"), "v5e:2x4", {}
   b2000 = ("--config.batch_size=2000", "--config.eval_batch_size=2000")
-  yield "E5 euclidean v5e:4x4 b2000", e5("euclidean", "adam", *b2000), \
+  yield "E5 euclidean v5e:4x4 b2000", e5("euclidean", *b2000), \
       "v5e:4x4", {}
-  yield "E5 stiefel radam v5e:4x4 b2000", e5("stiefel", "radam", *b2000), \
+  yield "E5 stiefel radam v5e:4x4 b2000", e5("stiefel", *b2000), \
       "v5e:4x4", {}
   yield "E2 vgg6 v5e:2x4", flagfile_config("e2_vgg6.flags", "--config.compute_dtype=bfloat16"), \
       "v5e:2x4", {}
@@ -283,18 +277,18 @@ def _cases(quick: bool):
   topologies = ["v5e:8x8"] + (["h100:1x1x8"] if _cuda_plugin() else [])
   for topo in topologies:
     per_256 = 256 * {"v5e:8x8": 64, "h100:1x1x8": 8}[topo]
-    big = (f"--config.batch_size={per_256}", "--config.optimizer.learning_rate=1.6")
+    big = (f"--config.batch_size={per_256}", "--config.optimizer.euclidean.learning_rate=1.6")
     for kind in ("radam", "muon"):
-      yield f"E1 bn {CONV_KINDS[kind]} convs {topo}", e1("bn"), topo, {"optimizer": kind}
+      yield f"E1 bn {CONV_KINDS[kind]} convs {topo}", e1("bn", *CONV_OPTIMIZERS[kind]), topo, {}
     yield f"E1 bn {topo} b{per_256}", e1("bn", *big), topo, {}
     for kind in ("radam", "muon"):
-      yield (f"E1 bn {CONV_KINDS[kind]} convs {topo} b{per_256}", e1("bn", *big), topo,
-             {"optimizer": kind})
+      yield (f"E1 bn {CONV_KINDS[kind]} convs {topo} b{per_256}",
+             e1("bn", *big, *CONV_OPTIMIZERS[kind]), topo, {})
   if _cuda_plugin():   # the gpu-compile extra: deviceless H100 compiles
     yield "E1 bn h100:1x1x8", e1("bn"), "h100:1x1x8", {}
     yield "E1 gmp_imn h100:1x1x8", e1("gmp_imn"), "h100:1x1x8", {}
-    yield "E5 euclidean h100:1x1x8", e5("euclidean", "adam"), "h100:1x1x8", {}
-    yield "E5 stiefel radam h100:1x1x8", e5("stiefel", "radam"), "h100:1x1x8", {}
+    yield "E5 euclidean h100:1x1x8", e5("euclidean"), "h100:1x1x8", {}
+    yield "E5 stiefel radam h100:1x1x8", e5("stiefel"), "h100:1x1x8", {}
 
 
 def _cuda_plugin() -> bool:
@@ -314,13 +308,11 @@ def run(quick: bool = False, on_report: Callable[[str, aot.CompileReport], None]
   for name, config, topo, how in cases:
     if only and (name != only if exact else only not in name):
       continue
-    optimizer = conv_optimizer(how["optimizer"], config) if "optimizer" in how else None
-    if "optimizer" in how or config.model.get("weights", "euclidean") != "euclidean":
-      plan = owner_plan(config, topo, optimizer)
+    if config.model.get("weights", "euclidean") != "euclidean":
+      plan = owner_plan(config, topo)
       if plan is not None:
         PLANS[name] = plan
-    report = aot.compile_for(config, topo, num_slices=how.get("num_slices"),
-                             optimizer=optimizer)
+    report = aot.compile_for(config, topo, num_slices=how.get("num_slices"))
     REPORTS[name] = report
     if on_report:
       on_report(name, report)
@@ -331,10 +323,8 @@ def run(quick: bool = False, on_report: Callable[[str, aot.CompileReport], None]
     rows.append(row(SUITE, f"{name}: GFLOP per example", report.flops_per_example / 1e9, "GFLOP",
                     note=f"roofline ≤ {report.examples_per_sec_per_chip_bound:.0f} ex/s/chip "
                          f"({report.bound_by}); compile {report.compile_seconds:.0f} s"))
-    # ResNets, and models without manifold weights (a model with no `weights` keyword,
-    # VGG-6, counts as Euclidean, as before the nested config).
-    if "optimizer" not in how and (config.model["name"] == "ResNet" or
-                                   config.model.get("weights", "euclidean") == "euclidean"):
+    # Models without manifold weights: the network's FLOPs alone.
+    if config.model.get("weights", "euclidean") == "euclidean":
       analytic = ANALYTIC[name] = analytic_train_flops(config, info)
       rows.append(row(SUITE, f"{name}: |FLOPs / analytic − 1|",
                       abs(report.flops_per_example / analytic - 1), "", WITHIN_5,

@@ -43,7 +43,8 @@ def _child(num_steps: int) -> dict[str, float]:
                 data={"name": "fake", "height": 32, "width": 32, "num_classes": 10,
                       "num_train": 256 * num_steps, "num_eval": 256},
                 batch_size=256, num_steps=num_steps,
-                optimizer={"name": "sgd", "learning_rate": 0.01, "momentum": 0.9}, log_every=2)
+                optimizer={"euclidean": {"name": "sgd", "learning_rate": 0.01, "momentum": 0.9}},
+                log_every=2)
   out = {}
   with tempfile.TemporaryDirectory() as tmp:
     for name, mesh in _MESHES.items():

@@ -54,7 +54,7 @@ def _orthojax_step(norm: str, depth: int, image_size: int, batch: int):
   """E1's trainer step for ``norm`` (from its flagfile, in bfloat16) and its initial state."""
   config = flagfile_config(  # no workdir: the step only (checkpoint.every_steps=0)
       f"e1_resnet50_{norm}.flags", f"--config.model.depth={depth}",
-      f"--config.batch_size={batch}", f"--config.optimizer.learning_rate={0.1 * batch / 256}",
+      f"--config.batch_size={batch}", f"--config.optimizer.euclidean.learning_rate={0.1 * batch / 256}",
       "--config.compute_dtype=bfloat16")
   info = DatasetInfo(name="imagenet2012", task="classification",
                      input_shape=(image_size, image_size, 3), num_classes=1000,

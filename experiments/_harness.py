@@ -79,7 +79,7 @@ def _define_config(default_config: str) -> None:
       "The training config: a Python file whose get_config(arg) returns an ml_collections "
       "ConfigDict with the keys of orthojax.train.Config (experiments/configs/*.py), "
       "optionally FILE:arg (e.g. e1_resnet50.py:gmp_imn); override any key with "
-      "--config.key=value (--config.optimizer.learning_rate=0.1). --config_help prints "
+      "--config.key=value (--config.optimizer.euclidean.learning_rate=0.1). --config_help prints "
       "the config and every model / optimizer / manifold a section may name.",
       lock_config=True, sys_argv=sys.argv[:1])   # overrides: ours (orthojax.train.overrides)
 
@@ -145,6 +145,11 @@ def _fail_to_load(e: Exception, argv: Sequence[str]) -> NoReturn:
   last = [l for l in str(cause).replace("config_config", "the file").splitlines() if l.strip()]
   fail(f"{given[-1] if given else '--config'}: cannot load it "
        f"({(last[-1].strip() if last else type(cause).__name__)[:300]})")
+
+
+def overridden(key: str) -> bool:
+  """Whether the command line (or a flagfile) sets the dotted config ``key``."""
+  return any(overrides_lib.split(a)[0] == key for a in _OVERRIDES)
 
 
 def config_dict() -> dict[str, Any]:
@@ -214,8 +219,9 @@ def print_config_help(config: Config) -> None:
   print("The config, as checked for this run (--config.KEY=VALUE overrides any key; "
         "--config.SECTION.name=NAME switches a section's constructor):\n"
         f"{mlc_dict.ConfigDict(tree)}")
-  for kind, title in (("model", "config.model.name"), ("optimizer", "config.optimizer.name"),
-                      ("manifold", "config.optimizer.manifold.name"),
+  for kind, title in (("model", "config.model.name"),
+                      ("optimizer", "config.optimizer.{euclidean,stiefel,oblique}.name"),
+                      ("manifold", "config.optimizer.{stiefel,oblique}.manifold.name"),
                       ("layers", "Sequential layers"), ("penalty", "config.penalty"),
                       ("kernel_init", "kernel_init / bias_init")):
     print(f"\n{title}: one of\n{registry.describe(kind)}")

@@ -14,12 +14,12 @@ critical initialisation ``(σ_w, σ_b)`` for each ``q*`` in ``--q_stars``
 weights. Three kinds of network (``--weight_kinds``, each run's ``config.model.weights``):
 
 * ``euclidean`` — unconstrained weights, every parameter trained by
-  ``config.euclidean_optimizer`` (Adam, lr 1e-3);
+  ``config.optimizer.euclidean`` (Adam, lr 1e-3);
 * ``stiefel`` / ``oblique`` — every hidden (and the input) kernel is
-  ``W = s·V`` with ``V`` on the manifold, trained by ``config.optimizer``
-  (Riemannian Adam, lr 1e-3; its manifold is the network's), the scales ``s``, the
-  biases and the classifier by ``config.euclidean_optimizer`` — the paper's three
-  groups.
+  ``W = s·V`` with ``V`` on the manifold, trained by ``config.optimizer.stiefel`` /
+  ``config.optimizer.oblique`` (Riemannian Adam, lr 1e-3, on the group's ``manifold``),
+  the scales ``s``, the biases and the classifier by ``config.optimizer.euclidean`` —
+  the paper's three groups.
 
 ``--num_seeds`` networks of each kind (paper: 5), batch 1000 (paper). On the
 epochs in ``--diagnostic_epochs`` (paper: 0, 5, 10, …, 50, 100, 200) a
@@ -61,7 +61,7 @@ the notes say what the figures claim and what our runs show.
 Differences: the paper tuned every learning rate (and an oblique
 non-orthogonality penalty) by Bayesian optimisation on validation accuracy
 after 50 epochs; here they are config keys
-(``--config.optimizer.learning_rate``, ``--config.euclidean_optimizer.learning_rate``),
+(``--config.optimizer.stiefel.learning_rate``, ``--config.optimizer.euclidean.learning_rate``, …),
 1e-3 by default, and there is no oblique penalty. The full-depth training flagfiles
 (``critical_tanh_full_euclidean.flags``, ``critical_tanh_full_manifold.flags``) set
 each kind's rates from a short probe instead (the best validation accuracy after 5
@@ -80,7 +80,6 @@ which follow from ``q*``) is an error. Everything else in the config is as given
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -216,49 +215,37 @@ def check_per_run_keys(base) -> None:
     name = f"config.{key}"
     section, _, field = key.rpartition(".")
     value = getattr(base, section).get(field) if section else getattr(base, key)
-    overridden = name in flags.FLAGS and flags.FLAGS[name].present
-    if overridden or value not in (None, 0, ()):
+    if _harness.overridden(key) or value not in (None, 0, ()):
       raise ConfigError(f"{name}={value!r}: E5 sets it per run ({why}); leave it out")
 
 
 def run_config(base, q_star: float, kind: str, seed: int):
   """The config of one run: a critical DeepMLP at ``q_star`` with ``kind`` weights.
 
-  Manifold networks train their manifold weights with ``config.optimizer`` and the rest
-  with ``config.euclidean_optimizer``; a Euclidean network trains every parameter with
-  ``config.euclidean_optimizer``.
+  Manifold networks train their manifold weights with ``config.optimizer.<kind>`` and
+  the rest with ``config.optimizer.euclidean``; a Euclidean network trains every parameter
+  with ``config.optimizer.euclidean`` (the trainer builds the groups a model has).
   """
-  config = base.replace(model={"q_star": q_star, "weights": kind}, seed=base.seed + seed,
-                        final_eval_splits=("test",))
-  if kind == "euclidean":   # a whole section, not merged into the manifold one
-    config = dataclasses.replace(config, optimizer=config.euclidean_optimizer,
-                                 euclidean_optimizer=None)
-  return config
+  return base.replace(model={"q_star": q_star, "weights": kind}, seed=base.seed + seed,
+                      final_eval_splits=("test",))
 
 
 def check_optimizers(base, kinds) -> None:
   """Build each kind's optimizer chain as the trainer will (nothing trained): a
   ConfigError naming the key, e.g. a Stiefel-only optimizer for the oblique networks."""
   from orthojax.train import optimizers  # pylint: disable=g-import-not-at-top
-  if base.euclidean_optimizer is None:
-    raise ConfigError("config.euclidean_optimizer: missing; E5 needs it for the Euclidean "
-                      "networks and the manifold networks' scales, biases and classifier")
-  manifold = [k for k in kinds if k != "euclidean"]
-  name = base.optimizer["name"]
-  if manifold and name not in registry.MANIFOLD_OPTIMIZERS:
-    raise ConfigError(f"config.optimizer.name={name!r}: not a manifold optimizer; the "
-                      f"{'/'.join(manifold)} networks of --weight_kinds={','.join(kinds)} "
-                      f"need one of {', '.join(registry.MANIFOLD_OPTIMIZERS)}")
   for kind in kinds:
     config = run_config(base, 1.0, kind, 0)
+    name = config.optimizer.get(kind, {}).get("name")
+    if kind != "euclidean" and name is not None and name not in registry.MANIFOLD_OPTIMIZERS:
+      raise ConfigError(f"config.optimizer.{kind}.name={name!r}: not a manifold optimizer; "
+                        f"the {kind} networks of --weight_kinds={','.join(kinds)} need one of "
+                        f"{', '.join(registry.MANIFOLD_OPTIMIZERS)}")
     labels = None if kind == "euclidean" else {"kernel": kind, "bias": "euclidean"}
     try:
       optimizers.build(config, total_steps=1, labels=labels)
     except ConfigError as e:
-      text = str(e)
-      if kind == "euclidean":   # their optimizer is config.euclidean_optimizer
-        text = text.replace("config.optimizer", "config.euclidean_optimizer", 1)
-      raise ConfigError(f"{text} (the {kind} networks of --weight_kinds={','.join(kinds)})"
+      raise ConfigError(f"{e} (the {kind} networks of --weight_kinds={','.join(kinds)})"
                         ) from None
 
 
@@ -429,11 +416,10 @@ def main(argv):
                if k in kinds or any(r["tags"]["weights"] == k for r in included)]
   rows, notes, plots = summarize(init_records, records, q_stars, all_kinds, base.workdir,
                                  loss_epochs=sorted(later), steps_per_epoch=steps_per_epoch)
-  euclid = base.euclidean_optimizer
-  euclid_text = f"{euclid['name']} lr {euclid.get('learning_rate')}"
-  optimizers = ([f"Euclidean networks: {euclid_text}"] * ("euclidean" in kinds)
-                + [f"manifold networks: {base.optimizer['name']} lr {base.learning_rate}, "
-                   f"scales/biases/classifier {euclid_text}"] * (kinds != ["euclidean"]))
+  text = lambda g: f"{base.optimizer[g]['name']} lr {base.optimizer[g].get('learning_rate')}"
+  optimizers = ([f"Euclidean networks: {text('euclidean')}"] * ("euclidean" in kinds)
+                + [f"{kind} networks: {text(kind)}, scales/biases/classifier "
+                   f"{text('euclidean')}" for kind in kinds if kind != "euclidean"])
   training = (f"batch {base.batch_size}, {base.num_epochs or base.num_steps} "
               f"{'epochs' if base.num_epochs else 'steps'}; {'; '.join(optimizers)}"
               if "train" in stages else "at initialisation only, no training")

@@ -11,7 +11,7 @@ network (``config.model``: ``D`` bias-free linear factors, no nonlinearity; squa
 bundled 8×8 digits (``config.data.name='digits'``: 1,438 training images, 64
 standardised pixels, 10 classes; offline). For each depth ``D`` in ``--depths``, each
 initialisation in ``--inits`` and ``--num_seeds`` seeds, it trains with full-batch
-gradient descent (``config.optimizer``: ``sgd``; the batch is the whole training set,
+gradient descent (``config.optimizer.euclidean``: ``sgd``; the batch is the whole training set,
 so one step is one epoch and the logged training loss is the exact training loss) for
 ``config.num_epochs`` epochs, and reads from the run's ``metrics.jsonl`` the number of
 epochs after which the training cross-entropy first falls to each threshold in
@@ -23,7 +23,7 @@ epochs after which the training cross-entropy first falls to each threshold in
   mean squared singular value is 1 but its spectrum spreads with depth.
 
 Learning rate: with ``--lr_scaling=inverse_depth`` (default) a depth-``D``
-network trains at ``config.optimizer.learning_rate / D``. In a deep linear network every factor
+network trains at ``config.optimizer.euclidean.learning_rate / D``. In a deep linear network every factor
 receives a gradient of the same size, so the end-to-end map moves ``D``
 times faster than one factor: a fixed learning rate makes deeper
 orthogonal nets *faster* (and makes deep Gaussian nets diverge), while
@@ -37,7 +37,7 @@ updates dropped, and marks it ``diverged``) is counted as ``config.num_epochs``,
 a lower bound; the row's note says how many runs were censored.
 
 The experiment sets per run ``config.model.depth``, ``config.model.init``,
-``config.seed`` (``seed + i``), ``config.optimizer.learning_rate`` (scaled),
+``config.seed`` (``seed + i``), ``config.optimizer.euclidean.learning_rate`` (scaled),
 ``config.batch_size`` (the training set), ``config.eval_batch_size`` (0),
 ``config.log_every`` (1) and the mesh (one device); overriding one of those is an error.
 
@@ -101,7 +101,7 @@ def define_flags() -> None:
                     "Training-loss thresholds; epochs until the loss first falls to each.")
   flags.DEFINE_string("lr_scaling", "inverse_depth",
                       f"{' | '.join(LR_SCALINGS)}: depth-D nets train at "
-                      f"config.optimizer.learning_rate / D, or at it.")
+                      f"config.optimizer.euclidean.learning_rate / D, or at it.")
 
 
 # ------------------------------------------------------------ Measurement --
@@ -225,8 +225,7 @@ def check_per_run_keys(base) -> None:
       value = getattr(getattr(base, section), field)
     else:
       value = getattr(base, key)
-    if (name in flags.FLAGS and flags.FLAGS[name].present) or (
-        section == "model" and value is not None):
+    if _harness.overridden(key) or (section == "model" and value is not None):
       raise ConfigError(f"{name}={value!r}: E7 sets it per run ({why}); leave it out")
 
 
@@ -242,7 +241,7 @@ def runs(base, depths: Sequence[int], inits: Sequence[str], num_seeds: int, lr_s
         config = base.replace(
             model={"depth": depth, "init": init}, seed=base.seed + s,
             batch_size=num_train, eval_batch_size=0,
-            optimizer={"learning_rate": lr / depth if lr_scaling == "inverse_depth" else lr},
+            optimizer={"euclidean": {"learning_rate": lr / depth if lr_scaling == "inverse_depth" else lr}},
             log_every=1, mesh={"data": 1, "fsdp": 1, "model": 1})
         out.append(_harness.Run(tags=(("depth", depth), ("init", init), ("seed", s)),
                                 config=config, devices=jax.devices()[:1]))
@@ -380,7 +379,7 @@ def main(argv):
   start = time.perf_counter()
   print(f"E7 deep linear: {len(plan)} runs (depths {', '.join(map(str, depths))} × "
         f"{', '.join(inits)} × {num_seeds} seeds), {dataset} full batch "
-        f"({info.num_train}), {base.optimizer['name']} lr {base.learning_rate:g}"
+        f"({info.num_train}), {base.optimizer['euclidean']['name']} lr {base.learning_rate:g}"
         f"{'/D' if fv.lr_scaling == 'inverse_depth' else ''}, {base.num_epochs:g} epochs",
         flush=True)
   records, curves = [], {}
@@ -401,7 +400,7 @@ def main(argv):
   rows = rows_from(records, depths, inits, thresholds, base.num_epochs)
   notes = [
       PAPER_CLAIM,
-      f"{dataset} ({info.num_train} training examples), full-batch {base.optimizer['name']}, "
+      f"{dataset} ({info.num_train} training examples), full-batch {base.optimizer['euclidean']['name']}, "
       f"lr {base.learning_rate:g}"
       + (" / D" if fv.lr_scaling == "inverse_depth" else " at every depth")
       + f", {base.loss} loss, width {base.model['width']}, {base.num_epochs:g} epochs max; "

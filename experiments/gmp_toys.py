@@ -348,7 +348,7 @@ def plan_runs(base, toys, variants, lrs, seeds, *, steps, batch_sizes, options, 
               data={"name": toy, **options[toy]},
               batch_size=batch_sizes[toy], eval_batch_size=0, num_steps=steps[toy],
               num_epochs=0.0, loss=levy_loss if toy == "levy" else "cross_entropy",
-              optimizer={"learning_rate": lr}, seed=seed,
+              optimizer={"euclidean": {"learning_rate": lr}}, seed=seed,
               mesh={"data": 1, "fsdp": 1, "model": 1}, final_eval_splits=())
           runs.append(_harness.Run(
               tags=(("toy", toy), ("variant", variant), ("lr", lr), ("seed", seed)),
@@ -736,7 +736,7 @@ def main(argv):
       plots.append(plot_fits(base.workdir, plan, toy, lrs, variants, records))
   losses = {"levy": _LEVY_LOSS.value, "banana": "cross_entropy"}
   notes = [
-      f"{toy}: {WIDTH[toy]} hidden ReLU units, {steps[toy]} {base.optimizer['name']} steps "
+      f"{toy}: {WIDTH[toy]} hidden ReLU units, {steps[toy]} {base.optimizer['euclidean']['name']} steps "
       f"of batch "
       f"{batch[toy]}, lr schedule {base.schedule}, loss {losses[toy]}, data options "
       f"{options[toy]}" for toy in toys]

@@ -195,10 +195,10 @@ def main(argv):
   rows = rows_from(record, model, norm, base.batch_size, speed, comparable)
   best = record.get("best") or {}
   import jax  # pylint: disable=g-import-not-at-top
-  optimizer = base.optimizer["name"]
-  if base.optimizer.get("momentum") is not None:
-    optimizer += f" (momentum {base.optimizer['momentum']:g}"
-    optimizer += ", nesterov)" if base.optimizer.get("nesterov") else ")"
+  optimizer = base.optimizer["euclidean"]["name"]
+  if base.optimizer["euclidean"].get("momentum") is not None:
+    optimizer += f" (momentum {base.optimizer['euclidean']['momentum']:g}"
+    optimizer += ", nesterov)" if base.optimizer["euclidean"].get("nesterov") else ")"
   notes = [
       f"{model} {norm}, {dataset}, batch {base.batch_size}, {optimizer} "
       f"lr {base.learning_rate:g}, schedule {base.schedule} (patience "

@@ -31,7 +31,7 @@ The penalty acts on ``W_rec`` only (:func:`orthojax.train.model_zoo.penalty_mask
 added to the gradient before Adam (as a loss term would be); every λ in
 ``--penalty_strengths`` gives one run of each penalised variant (the experiment sets
 ``config.model.recurrent_init``, the gain and the ``config.penalty`` section per variant).
-Adam at ``config.optimizer.learning_rate`` for ``config.num_epochs`` epochs,
+Adam at ``config.optimizer.euclidean.learning_rate`` for ``config.num_epochs`` epochs,
 ``--num_seeds`` seeds. After every epoch
 the recurrent kernel's singular values are summarised (mean, std, min, max,
 :func:`orthojax.analysis.spectrum_hook`, into the run's ``metrics.jsonl``
@@ -569,7 +569,7 @@ def main(argv):
   notes = [
       PAPER_CLAIMS, data_note,
       f"{view}-wise sequences; vanilla tanh RNN, hidden {base.model.get('hidden', 64)}, "
-      f"batch {base.batch_size}, {base.optimizer['name']} lr {base.learning_rate:g}, "
+      f"batch {base.batch_size}, {base.optimizer['euclidean']['name']} lr {base.learning_rate:g}, "
       f"{base.num_epochs:g} epochs, seeds {base.seed}..{base.seed + num_seeds - 1}; "
       f"g = {gain:g}; λ = "
       f"{', '.join(map(_fmt, strengths)) or '—'} (sum-reduced penalty: the seed's "

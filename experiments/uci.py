@@ -10,7 +10,7 @@ with ``--config.key=value``); ``--uci_datasets``, ``--variants``, ``--num_splits
 One hidden layer of 100 ReLU units, variants SP (standard), WN (weight
 normalisation), BN (batch norm) and GmP (geometric parameterization), each
 trained on ``--num_splits`` random 80/20 splits with full-batch Adam
-(lr 0.01 — ``config.optimizer.learning_rate``, GmP 0.1 — ``--gmp_lr``), MAE loss,
+(lr 0.01 — ``config.optimizer.euclidean.learning_rate``, GmP 0.1 — ``--gmp_lr``), MAE loss,
 inputs and targets standardised on the training split, at most 5000 epochs, the
 learning rate ×0.1 after 50 epochs without improvement and early stopping after 100
 (restoring the best weights) — the recipe of the paper's released code. The table
@@ -68,7 +68,7 @@ _PROTOCOL = flags.DEFINE_string("protocol", "honest",
                                 "honest: model selection on a validation split; released: on "
                                 "the test split, as the released code does (leaks).")
 _GMP_LR = flags.DEFINE_float("gmp_lr", 0.1, "Learning rate of the GmP variant "
-                             "(config.optimizer.learning_rate for the rest).")
+                             "(config.optimizer.euclidean.learning_rate for the rest).")
 _SKIP_MISSING = flags.DEFINE_bool("skip_missing", True,
                                   "Report a set whose data is missing instead of failing.")
 
@@ -90,7 +90,8 @@ def check_base(base, gmp_lr: float) -> None:
       raise ConfigError(f"config.data.{key}={base.data[key]!r}: E3 sets it per run "
                         f"(--num_splits, --protocol); remove it")
   if not base.learning_rate > 0:
-    raise ConfigError(f"config.optimizer.learning_rate={base.learning_rate}: must be > 0")
+    raise ConfigError(f"config.optimizer.euclidean.learning_rate={base.learning_rate}: "
+                      f"must be > 0")
   if not gmp_lr > 0:
     raise ConfigError(f"--gmp_lr={gmp_lr}: must be > 0")
 
@@ -114,7 +115,7 @@ def runs(base, datasets, variants, num_splits, protocol, gmp_lr):
         config = base.replace(
             model={"variant": variant}, data={"name": f"uci/{dataset}", **options},
             batch_size=info.num_train, eval_batch_size=0,
-            optimizer={"learning_rate": gmp_lr if variant == "gmp" else base.learning_rate},
+            optimizer={"euclidean": {"learning_rate": gmp_lr if variant == "gmp" else base.learning_rate}},
             mesh={"data": 1, "fsdp": 1, "model": 1}, final_eval_splits=("test",))
         out.append(_harness.Run(tags=(("dataset", dataset), ("variant", variant),
                                       ("split", split)),
@@ -169,7 +170,7 @@ def main(argv):
   notes = [f"protocol: {_PROTOCOL.value}"
            + ("" if _PROTOCOL.value == "honest" else
               " — early stopping and lr plateaus watch the test split (leaks; as released)"),
-           f"max {base.num_steps} full-batch epochs, {base.optimizer['name']} lr "
+           f"max {base.num_steps} full-batch epochs, {base.optimizer['euclidean']['name']} lr "
            f"{base.learning_rate} (GmP {_GMP_LR.value}), "
            f"{base.loss} loss, plateau ×{base.plateau_factor} after {base.plateau_patience}, "
            f"early stopping after {base.early_stopping_patience}, restore best: "

@@ -18,7 +18,7 @@ Protocol (paper Appendix C.2; SPEC E2): VGG-6 (:class:`orthojax.models.VGG6`:
 six 3×3 convs 128-128-256-256-512-512 with 2×2 max-pools, global average
 pooling, a dense classifier) under SP, WN, WN+MBN, BN, GmP and GmP+IMN; SGD
 with momentum 0.9; lr 0.1 for GmP and GmP+IMN (``--vgg_gmp_lr``), 0.01 for
-the others (``config.optimizer.learning_rate``), the same at every batch size
+the others (``config.optimizer.euclidean.learning_rate``), the same at every batch size
 (the paper does not scale it); lr ×0.1 after 5 epochs without a better top-1,
 stop after 10 or at 90 epochs (``experiments/configs/e2_vgg6.py``).
 ``config.model.variant`` and ``config.batch_size`` are replaced per run by the
@@ -79,7 +79,7 @@ _BATCHES = flags.DEFINE_list("vgg_batch_sizes", [str(b) for b in BATCH_SIZES],
                              "Global batch sizes (Table 2: 256, 512, 1024).")
 _GMP_LR = flags.DEFINE_float("vgg_gmp_lr", 0.1,
                              "Learning rate of gmp and gmp_imn (the others: "
-                             "config.optimizer.learning_rate).")
+                             "config.optimizer.euclidean.learning_rate).")
 
 
 def _batch_sizes(values: list[str]) -> list[int]:
@@ -100,7 +100,7 @@ def plan_runs(base, variants, batch_sizes, gmp_lr, num_train):
       per_epoch = max(num_train // batch, 1)
       lr = gmp_lr if variant in GMP_VARIANTS else base.learning_rate
       config = base.replace(model={"variant": variant}, batch_size=batch,
-                            optimizer={"learning_rate": lr}, eval_every=per_epoch,
+                            optimizer={"euclidean": {"learning_rate": lr}}, eval_every=per_epoch,
                             checkpoint={"every_steps": per_epoch})
       runs.append(_harness.Run(tags=(("variant", variant), ("batch", batch)), config=config))
   return runs
@@ -157,7 +157,7 @@ def main(argv):
   rows = rows_from(records)
   notes = [
       f"{base.data['name']}: {info.num_train} train / {info.num_eval} eval images; "
-      f"{base.optimizer['name']} (momentum {base.optimizer.get('momentum')}), lr "
+      f"{base.optimizer['euclidean']['name']} (momentum {base.optimizer['euclidean'].get('momentum')}), lr "
       f"{base.learning_rate:g} (GmP, GmP+IMN "
       f"{_GMP_LR.value:g}), schedule {base.schedule} (patience {base.plateau_patience} epochs, "
       f"×{base.plateau_factor}), early stopping after {base.early_stopping_patience} epochs, "

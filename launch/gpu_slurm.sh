@@ -5,7 +5,7 @@
 #       launch/gpu_slurm.sh --flagfile=experiments/flags/e1_resnet50_bn.flags \
 #       --workdir=/shared/runs/e1_bn [--tfds_data_dir=/shared/tensorflow_datasets] \
 #       [--mode=explicit|auto] [--port=N] [--experiment=train] \
-#       [-- --config.batch_size=1024 --config.optimizer.learning_rate=0.4 ...]
+#       [-- --config.batch_size=1024 --config.optimizer.euclidean.learning_rate=0.4 ...]
 #
 # The #SBATCH lines below are defaults; sbatch command-line options override
 # them. Submit from the repository root (or set REPO_DIR) with the Python

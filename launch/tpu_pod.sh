@@ -5,7 +5,7 @@
 #       --flagfile=experiments/flags/e1_resnet50_bn.flags \
 #       --workdir=gs://BUCKET/orthojax/e1_bn --tfds_data_dir=gs://BUCKET/tensorflow_datasets \
 #       [--spot] [--queued] [--reuse] [--code=copy|pull:URL[@REF]] [--delete-after] \
-#       [--dry-run] [-- --config.batch_size=1024 --config.optimizer.learning_rate=0.4 ...]
+#       [--dry-run] [-- --config.batch_size=1024 --config.optimizer.euclidean.learning_rate=0.4 ...]
 #
 # Steps, each printed as "+ command" before it runs (--dry-run prints them and
 # runs nothing):

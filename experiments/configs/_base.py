@@ -3,9 +3,10 @@
 :func:`trainer` is a ConfigDict with every key of :class:`orthojax.train.Config` at its
 default (``workdir`` comes from ``--workdir``), so ``--config.<key>=value`` can override
 any of them. :func:`section` is a registry section with *every* keyword its constructor
-takes, at the constructor's default unless given — so ``--config.optimizer.b2=0.99`` or
-``--config.optimizer.manifold.retraction=cayley`` works for any optimizer, manifold or
-model a file names. Keywords the trainer supplies (``rngs``, ``dtype``, the data's input
+takes, at the constructor's default unless given — so ``--config.optimizer.euclidean.b2=0.99``
+or ``--config.optimizer.stiefel.manifold.retraction=cayley`` works for any optimizer,
+manifold or model a file names (and ``--config.SECTION.name=…`` switches a section to
+another constructor, :mod:`orthojax.train.overrides`). Keywords the trainer supplies (``rngs``, ``dtype``, the data's input
 and output sizes, ``views``, ``mask``) are left out, as are those whose default is a
 function (``kernel_init``: name one in the file, e.g. ``{"name": "orthogonal"}``).
 """
@@ -32,8 +33,7 @@ def trainer(**keys: Any) -> ml_collections.ConfigDict:
   """Every trainer key at its default, then ``keys``."""
   tree = Config().to_dict()
   del tree["workdir"]
-  for key in ("euclidean_optimizer", "penalty"):   # optional sections: absent until set
-    tree[key] = None
+  tree["penalty"] = None   # an optional section: absent until set
   tree.update(keys)
   config = ml_collections.ConfigDict(tree)
   return config

@@ -11,14 +11,14 @@ per run ``model.q_star`` (each of ``--q_stars``), ``model.weights`` (each of
 ``spectrum_every`` (one epoch: the diagnostics) and ``final_eval_splits`` (``test``); those
 keys are not set here.
 
-Two optimizer sections, the paper's three parameter groups:
+One optimizer section per parameter group (``config.optimizer.<group>``):
 
-* ``optimizer``: the manifold weights of the ``stiefel`` / ``oblique`` networks —
-  Riemannian Adam at lr 1e-3. Its ``manifold`` is left out: the trainer supplies
-  ``Stiefel()`` or ``Oblique()`` to match the network's weights.
-* ``euclidean_optimizer``: Adam at lr 1e-3 — every parameter of the ``euclidean`` networks
-  (the experiment makes it their ``optimizer``), and the scales, biases and classifier of
-  the manifold networks.
+* ``euclidean``: Adam at lr 1e-3 — every parameter of the ``euclidean`` networks, and the
+  scales, biases and classifier of the manifold networks;
+* ``stiefel``: the manifold weights of the ``stiefel`` networks — Riemannian Adam at lr
+  1e-3 on ``Stiefel`` (its ``manifold`` section: retraction, metric);
+* ``oblique``: those of the ``oblique`` networks — Riemannian Adam at lr 1e-3 on
+  ``Oblique``.
 
 The argument is a comma-separated list of:
 
@@ -32,11 +32,12 @@ The argument is a comma-separated list of:
 * ``smoke`` — ``cpu`` with a 4 × 16 network for 2 epochs (CI);
 * ``svhn`` — the paper's setting on SVHN (cropped digits);
 * a manifold optimizer (:data:`OPTIMIZERS`: ``rsgd``, ``cayley_adam``, …) in place of
-  ``radam``, lr 1e-3, its other keywords at their defaults except ``momentum`` 0.9 for
-  ``rsgd`` and ``cayley_sgd`` (as before the nested config); each can be overridden
-  (``critical_tanh.py:cpu,rsgd --config.optimizer.momentum=0.5``). Switching with
-  ``--config.optimizer.name=…`` works only between optimizers taking the same keywords:
-  the section holds radam's. Oblique weights take ``rsgd`` or ``radam`` only.
+  ``radam`` for the manifold groups, lr 1e-3, its other keywords at their defaults except
+  ``momentum`` 0.9 for ``rsgd`` and ``cayley_sgd`` (as before the nested config); each can
+  be overridden (``critical_tanh.py:cpu,rsgd --config.optimizer.stiefel.momentum=0.5``).
+  Oblique weights take ``rsgd`` or ``radam`` only: the oblique group keeps ``radam`` for
+  the others. ``--config.optimizer.stiefel.name=…`` switches one group's optimizer from
+  the command line.
 
 The paper tuned every learning rate by Bayesian optimisation; these are untuned defaults.
 """
@@ -56,6 +57,16 @@ OPTIMIZERS = tuple(n for n in registry.MANIFOLD_OPTIMIZERS if n != "projected_gr
 _OLD_MOMENTUM = {"rsgd": 0.9, "cayley_sgd": 0.9}
 
 
+def _manifold_group(name: str, manifold: str) -> dict:
+  """A manifold group's section: ``name`` at lr 1e-3 with its ``manifold`` section, where
+  it takes one (cayley_adam, landing, … are Stiefel-only and take none)."""
+  momentum = {"momentum": _OLD_MOMENTUM[name]} if name in _OLD_MOMENTUM else {}
+  _, fn = registry.resolve_name("optimizer", {"name": name}, "config.optimizer")
+  if "manifold" in registry.keywords(fn):
+    momentum["manifold"] = section("manifold", manifold)
+  return section("optimizer", name, learning_rate=1e-3, **momentum)
+
+
 def get_config(arg: str = ""):
   words = [w for w in arg.split(",") if w]
   for word in words:
@@ -72,8 +83,7 @@ def get_config(arg: str = ""):
     raise ValueError(f"critical_tanh.py:{arg}: one of {', '.join(SCALES)}, not "
                      f"{', '.join(data_words)}")
   manifold_optimizer = optimizers[0] if optimizers else "radam"
-  momentum = ({"momentum": _OLD_MOMENTUM[manifold_optimizer]}
-              if manifold_optimizer in _OLD_MOMENTUM else {})
+  oblique_optimizer = manifold_optimizer if manifold_optimizer in ("rsgd", "radam") else "radam"
   config = trainer(
       # 200 x 400 tanh, orthogonal init; model.q_star and model.weights are set per run
       # (--q_stars, --weight_kinds); the inputs are scaled so that h1 has variance q*.
@@ -83,12 +93,13 @@ def get_config(arg: str = ""):
       data=data_section("cifar10"),
       batch_size=1000, eval_batch_size=1000, num_epochs=200.0,
       loss="cross_entropy",
-      # The manifold weights: Riemannian Adam unless the argument names another optimizer;
-      # the trainer supplies its manifold (Stiefel or Oblique, from model.weights).
-      optimizer=section("optimizer", manifold_optimizer, learning_rate=1e-3, **momentum),
-      # The Euclidean networks' every parameter, and the manifold networks' scales, biases
-      # and classifier: Adam.
-      euclidean_optimizer=section("optimizer", "adam", learning_rate=1e-3),
+      optimizer={
+          # The Euclidean networks' every parameter, and the manifold networks' scales,
+          # biases and classifier: Adam.
+          "euclidean": section("optimizer", "adam", learning_rate=1e-3),
+          # The manifold weights: Riemannian Adam unless the argument names another one.
+          "stiefel": _manifold_group(manifold_optimizer, "Stiefel"),
+          "oblique": _manifold_group(oblique_optimizer, "Oblique")},
       log_every=50, checkpoint={"every_steps": 2500, "keep": 3})
   if "svhn" in words:
     config.data = data_section("svhn_cropped")

@@ -7,7 +7,7 @@ r"""E7 — deep linear networks, epochs to a training-loss threshold vs depth (S
 a :class:`~orthojax.models.DeepLinear` network (bias-free linear factors, no nonlinearity,
 gain 1) trained with full-batch gradient descent. The experiment sets per run
 ``model.depth`` (each of ``--depths``), ``model.init`` (each of ``--inits``), ``seed``
-(``seed``, ``seed + 1``, …), the learning rate (``optimizer.learning_rate / D`` with
+(``seed``, ``seed + 1``, …), the learning rate (``optimizer.euclidean.learning_rate / D`` with
 ``--lr_scaling=inverse_depth``), ``batch_size`` (the whole training set: one step is one
 epoch), ``eval_batch_size`` (0: the batch), ``log_every`` (1: every epoch's loss) and the
 mesh (one device); those keys are not set here.
@@ -47,7 +47,7 @@ def get_config(arg: str = ""):
       num_epochs=200.0,
       # Full-batch gradient descent at lr 0.4 (divided by the depth per run with
       # --lr_scaling=inverse_depth, the experiment's flag).
-      optimizer=section("optimizer", "sgd", learning_rate=0.4),
+      optimizer={"euclidean": section("optimizer", "sgd", learning_rate=0.4)},
       # A run that diverges is kept going with its non-finite updates dropped (and counted
       # as not reaching the thresholds), not stopped.
       nan_policy="skip",

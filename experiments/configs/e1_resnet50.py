@@ -33,7 +33,7 @@ def get_config(arg: str = "bn"):
       # SGD with momentum 0.9, lr 0.1 at batch 256, and He et al.'s L2 of 1e-4 on the
       # kernels (GmP layers: their scales are not decayed, nor their angles;
       # orthojax.train.optimizers.decay_mask).
-      optimizer=section("optimizer", "sgd", learning_rate=0.1, momentum=0.9),
+      optimizer={"euclidean": section("optimizer", "sgd", learning_rate=0.1, momentum=0.9)},
       weight_decay=1e-4,
       loss="cross_entropy",
       # lr x0.1 after 5 epochs without a better top-1; stop after 10 such epochs or 90 epochs
@@ -50,7 +50,7 @@ def get_config(arg: str = "bn"):
     config.model.depth = 18
     config.data = data_section("fake", height=32, width=32, num_train=32, num_eval=16)
     config.batch_size = 8
-    config.optimizer.learning_rate = 0.1 * 8 / 256   # linear scaling: 0.003125
+    config.optimizer.euclidean.learning_rate = 0.1 * 8 / 256   # linear scaling: 0.003125
     config.num_epochs, config.num_steps = 0.0, 16
     config.eval_every, config.checkpoint.every_steps, config.log_every = 4, 2, 1
   return config

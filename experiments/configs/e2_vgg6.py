@@ -34,7 +34,7 @@ def get_config(arg: str = ""):
       # SGD with momentum 0.9; lr 0.01 for sp/wn/wn_mbn/bn, 0.1 for gmp/gmp_imn
       # (--vgg_gmp_lr), at every batch size (as the paper). No weight decay (the paper
       # gives none for VGG-6).
-      optimizer=section("optimizer", "sgd", learning_rate=0.01, momentum=0.9),
+      optimizer={"euclidean": section("optimizer", "sgd", learning_rate=0.01, momentum=0.9)},
       loss="cross_entropy",
       # lr x0.1 after 5 epochs without a better top-1; stop after 10 such epochs or 90
       # epochs; the best state restored for the final evaluation.

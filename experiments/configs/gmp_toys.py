@@ -7,7 +7,7 @@ Adam at a constant learning rate, the characteristic points tracked after every 
 (``spectrum_every=1``, a trainer hook). The experiment sets, per run, what its own flags
 choose: the toy's data (``--toys``, ``--levy_options``, ``--banana_options``), the model's
 ``hidden`` width (100 on Levy, 10 on banana) and ``variant`` (``--toy_variants``), the
-learning rate (each of ``--toy_lrs`` replaces ``optimizer.learning_rate``), the seed
+learning rate (each of ``--toy_lrs`` replaces ``optimizer.euclidean.learning_rate``), the seed
 (``--toy_seeds``), the loss (``--levy_loss``; banana: cross-entropy), one device, and the
 steps and batch of each toy (``--levy_steps`` / ``--banana_steps``,
 ``--levy_batch_size`` / ``--banana_batch_size``; 0 falls back to ``num_steps`` /
@@ -29,7 +29,7 @@ def get_config(arg: str = ""):
   config = trainer(
       model=model,
       data={"name": "levy"},   # per toy: --toys, --levy_options, --banana_options
-      optimizer=section("optimizer", "adam", learning_rate=0.01),   # lr: --toy_lrs
+      optimizer={"euclidean": section("optimizer", "adam", learning_rate=0.01)},   # lr: --toy_lrs
       schedule="constant", spectrum_every=1, log_every=1000, seed=0,
       # Fallbacks of --{levy,banana}_steps / _batch_size (gmp_toys.flags sets both toys').
       num_steps=3000, batch_size=128)

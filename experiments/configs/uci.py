@@ -30,7 +30,7 @@ def get_config(arg: str = ""):
       model=model,
       data={"name": "uci/boston", "csv_path": "", "download": True, "data_dir": ""},
       loss="mae",
-      optimizer=section("optimizer", "adam", learning_rate=0.01),
+      optimizer={"euclidean": section("optimizer", "adam", learning_rate=0.01)},
       num_steps=5000,
       schedule="plateau", plateau_factor=0.1, plateau_patience=50,
       early_stopping_patience=100, restore_best=True,

@@ -75,6 +75,7 @@ from flax import nnx
 from orthojax.models._variants import Initializer
 from orthojax.models._variants import Unit
 from orthojax.models._variants import linear
+from orthojax.models._variants import put_convs_on_stiefel
 from orthojax.nn import check_choice
 
 _UNIT_VARIANT = {"bn": "bn", "wn_mbn": "wn_mbn", "gmp_imn": "gmp_imn", "none": "sp"}
@@ -158,6 +159,9 @@ class ResNet(nnx.Module):
       directions uniform on the sphere; ``"one"``: r = 1, the paper).
     momentum: running-statistics decay (BN, MBN and IMN); 0.9 as the flax
       ImageNet example.
+    weights: ``"euclidean"`` (plain conv kernels) or ``"stiefel"``: every conv kernel
+      a :class:`~orthojax.nn.StiefelParam`, orthogonally initialised, for a Stiefel
+      optimizer on the convs (``config.optimizer.stiefel``); norm ``bn`` or ``none``.
     rngs: ``nnx.Rngs`` with a ``params`` stream.
 
   Attributes:
@@ -166,7 +170,7 @@ class ResNet(nnx.Module):
     classifier: ``nnx.Linear``.
 
   Raises:
-    ValueError: unknown ``depth`` or ``norm`` (the message lists the choices).
+    ValueError: unknown ``depth``, ``norm`` or ``weights`` (the message lists the choices).
   """
 
   NORMS = ("bn", "wn_mbn", "gmp_imn", "none")
@@ -176,7 +180,7 @@ class ResNet(nnx.Module):
                in_features: int = 3, dtype: Any = None, param_dtype: Any = jnp.float32,
                kernel_init: Initializer = nnx.initializers.lecun_normal(),
                gmp_init_direction: Any = "gaussian", gmp_init_radius: str = "one",
-               momentum: float = 0.9, rngs: nnx.Rngs):
+               momentum: float = 0.9, weights: str = "euclidean", rngs: nnx.Rngs):
     check_choice(depth, tuple(LAYOUTS), "depth")
     check_choice(norm, self.NORMS, "norm", where="ResNet")
     self.depth, self.norm, self.dtype = depth, norm, dtype
@@ -203,6 +207,7 @@ class ResNet(nnx.Module):
     self.num_features = features
     self.classifier = linear(features, num_classes, dtype=dtype, param_dtype=param_dtype,
                              rngs=rngs)
+    put_convs_on_stiefel(self, weights, norm in ("bn", "none"), "ResNet", rngs, param_dtype)
 
   def features(self, x: jax.Array) -> jax.Array:
     """The pooled ``(batch, num_features)`` features before the classifier."""

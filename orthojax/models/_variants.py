@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from orthojax import manifolds
 from orthojax.nn import GmPConv
 from orthojax.nn import GmPDense
 from orthojax.nn import InputMeanNorm
@@ -51,6 +52,7 @@ from orthojax.nn import WeightNormConv
 from orthojax.nn import WeightNormDense
 from orthojax.nn import activation_fn
 from orthojax.nn import check_choice
+from orthojax.nn import StiefelParam
 from orthojax.nn import sharding
 
 Initializer = Callable[[jax.Array, Sequence[int], Any], jax.Array]
@@ -58,6 +60,38 @@ Initializer = Callable[[jax.Array, Sequence[int], Any], jax.Array]
 
 def _meta(names: tuple[str, ...]) -> dict[str, Any]:
   return sharding.metadata(names)
+
+
+WEIGHTS = ("euclidean", "stiefel")
+"""The ``weights`` a conv network (ResNet, VGG6) takes: plain conv kernels, or every
+conv kernel a :class:`~orthojax.nn.StiefelParam`."""
+
+
+def put_convs_on_stiefel(model: nnx.Module, weights: str, plain: bool, where: str,
+                         rngs: nnx.Rngs, param_dtype: Any) -> None:
+  """``weights="stiefel"``: every ``nnx.Conv`` kernel of ``model`` becomes a
+  :class:`~orthojax.nn.StiefelParam` at a uniformly random point of the Stiefel manifold
+  (orthonormal on the tall side of its ``(kh·kw·in, out)`` view, the orthogonal
+  initialisation), so that :func:`orthojax.optim.partition` routes the conv kernels to a
+  ``stiefel=`` optimizer (Riemannian Adam, Muon, …) and the rest to a Euclidean one.
+
+  Raises:
+    ValueError: an unknown ``weights``, or ``"stiefel"`` without plain conv kernels
+      (``plain`` false: WN / GmP units parameterize their kernels themselves).
+  """
+  check_choice(weights, WEIGHTS, "weights", where=where)
+  if weights == "euclidean":
+    return
+  if not plain:
+    raise ValueError(f"{where}: weights='stiefel' needs plain conv kernels (the bn or sp / "
+                     f"none units); WN and GmP units parameterize their kernels themselves")
+  stiefel = manifolds.Stiefel()
+  for _, module in nnx.iter_modules(model):
+    if isinstance(module, nnx.Conv):
+      shape = module.kernel[...].shape
+      module.kernel = StiefelParam(
+          stiefel.random(rngs.params(), shape, param_dtype),
+          **_meta(sharding.conv_kernel(len(shape) - 2)))
 
 
 def batch_norm(num_features: int, *, momentum: float, epsilon: float, zero_scale: bool = False,

@@ -61,6 +61,7 @@ from flax import nnx
 from orthojax.models._variants import Initializer
 from orthojax.models._variants import Unit
 from orthojax.models._variants import linear
+from orthojax.models._variants import put_convs_on_stiefel
 from orthojax.nn import WeightNormDense
 from orthojax.nn import check_choice
 
@@ -88,6 +89,9 @@ class VGG6(nnx.Module):
     kernel_init: sp / bn kernel and WN direction initializer (Glorot uniform).
     gmp_init_direction, gmp_init_radius: GmP initialisation.
     momentum: running-statistics decay; ``epsilon``: BN's ε.
+    weights: ``"euclidean"`` or ``"stiefel"`` (every conv kernel a
+      :class:`~orthojax.nn.StiefelParam`, as :class:`~orthojax.models.ResNet`'s; variant
+      ``sp`` or ``bn``).
     rngs: ``nnx.Rngs``.
 
   Attributes:
@@ -95,7 +99,7 @@ class VGG6(nnx.Module):
     classifier: ``nnx.Linear`` (``WeightNormDense`` for the WN variants).
 
   Raises:
-    ValueError: unknown ``variant`` (the message lists the choices).
+    ValueError: unknown ``variant`` or ``weights`` (the message lists the choices).
   """
 
   VARIANTS = Unit.VARIANTS
@@ -106,7 +110,8 @@ class VGG6(nnx.Module):
                dtype: Any = None, param_dtype: Any = jnp.float32,
                kernel_init: Initializer = nnx.initializers.glorot_uniform(),
                gmp_init_direction: Any = "gaussian", gmp_init_radius: str = "one",
-               momentum: float = 0.99, epsilon: float = 1e-3, rngs: nnx.Rngs):
+               momentum: float = 0.99, epsilon: float = 1e-3, weights: str = "euclidean",
+               rngs: nnx.Rngs):
     check_choice(variant, self.VARIANTS, "variant", where="VGG6")
     self.variant, self.dtype = variant, dtype
     convs, cin = [], in_features
@@ -125,6 +130,7 @@ class VGG6(nnx.Module):
     else:
       self.classifier = linear(cin, num_classes, kernel_init=kernel_init, dtype=dtype,
                                param_dtype=param_dtype, rngs=rngs)
+    put_convs_on_stiefel(self, weights, variant in ("sp", "bn"), "VGG6", rngs, param_dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """Logits ``(batch, num_classes)`` in float32."""

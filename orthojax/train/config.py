@@ -7,9 +7,11 @@ The sections go straight to constructors, with their keywords unchanged:
   data's input/output sizes, ``dtype`` and ``rngs``.
 * ``data``: ``{"name": "mnist", "view": "row", "data_dir": …}`` — a dataset of
   :mod:`orthojax.train.data` and its options.
-* ``optimizer``: ``{"name": "radam", "learning_rate": 1e-3, "manifold": {"name": "Stiefel",
-  "retraction": "cayley"}}``; on a model with manifold parameters it updates those, and
-  ``euclidean_optimizer`` (same form) updates the rest.
+* ``optimizer``: one section per parameter group, as :func:`orthojax.optim.partition`
+  routes them (:data:`GROUPS`): ``{"euclidean": {"name": "adam", "learning_rate": 1e-3},
+  "stiefel": {"name": "radam", "learning_rate": 1e-3, "manifold": {"name": "Stiefel",
+  "retraction": "cayley"}}}``. A model uses the groups it has (``euclidean`` for every
+  parameter off a manifold; ``stiefel`` / ``oblique`` for its manifold parameters).
 * ``penalty``: the keywords of :func:`orthojax.optim.add_orthogonality_penalty`
   (``{"kind": "so", "strength": 1e-4}``), or None.
 * ``mesh``: the keywords of ``orthojax.train.mesh.make_mesh``; ``checkpoint``: those of
@@ -36,6 +38,27 @@ from orthojax.train.schedules import SCHEDULES
 DTYPES = ("float32", "bfloat16")
 NAN_POLICIES = ("stop", "skip")
 EVAL_SPLITS = ("eval", "train", "validation", "test")
+
+
+GROUPS = ("euclidean", "stiefel", "oblique")
+"""The parameter groups of ``config.optimizer``: the labels of
+:func:`orthojax.nn.manifold_labels` (Euclidean parameters, and those on the Stiefel or
+oblique manifold)."""
+
+# Keys of earlier orthojax versions, and their spelling now (errors name it).
+RENAMED = {
+    "euclidean_optimizer": ("config.optimizer.euclidean",),
+    "optimizer.manifold": ("config.optimizer.stiefel.manifold", "config.optimizer.oblique.manifold"),
+}
+
+
+def renamed(key: str) -> str | None:
+  """``"renamed config.optimizer.euclidean.learning_rate"`` for an old dotted ``key``
+  (without ``config.``), or None."""
+  for old, new in RENAMED.items():
+    if key == old or key.startswith(old + "."):
+      return "renamed " + " or ".join(n + key[len(old):] for n in new)
+  return None
 
 
 class ConfigError(ValueError):
@@ -95,7 +118,7 @@ def resume_differences(saved: dict[str, Any], config: "Config") -> list[str]:
 
   Keys the checkpoint does not record (written by an older orthojax) are not compared.
   """
-  now, then = flatten(_with_defaults(config.to_dict())), flatten(_with_defaults(saved))
+  now, then = flatten(_with_defaults(config.to_dict())), flatten(_with_defaults(migrate(saved)))
   allowed = set(RESUMABLE_KEYS)
   if config.schedule in ("constant", "plateau"):
     allowed |= set(LENGTH_KEYS)
@@ -106,14 +129,40 @@ def resume_differences(saved: dict[str, Any], config: "Config") -> list[str]:
           if k not in allowed and now.get(k) != then.get(k)]
 
 
+def migrate(saved: Mapping[str, Any]) -> dict[str, Any]:
+  """A recorded config of an earlier orthojax in today's form: its ``optimizer`` (and
+  ``euclidean_optimizer``) as parameter groups, the manifold its trainer supplied written
+  out, so that a run started before the groups resumes (its mathematics is the same)."""
+  saved = dict(saved)
+  optimizer = saved.get("optimizer")
+  if not isinstance(optimizer, Mapping) or "name" not in optimizer:
+    return saved
+  euclidean = saved.pop("euclidean_optimizer", None)
+  if euclidean is None:
+    saved["optimizer"] = {"euclidean": dict(optimizer)}
+    return saved
+  model = saved.get("model")
+  group = "oblique" if isinstance(model, Mapping) and model.get("weights") == "oblique" \
+      else "stiefel"
+  manifold_tx = dict(optimizer)
+  from orthojax.train import registry  # pylint: disable=g-import-not-at-top  (imports Config)
+  fn = registry.OPTIMIZERS.get(manifold_tx["name"])
+  if fn is not None and "manifold" in registry.keywords(fn) and "manifold" not in manifold_tx:
+    manifold_tx["manifold"] = {"name": group.capitalize()}
+  saved["optimizer"] = {"euclidean": dict(euclidean), group: manifold_tx}
+  return saved
+
+
 def _with_defaults(tree: dict[str, Any]) -> dict[str, Any]:
   """The registry sections with their constructors' defaults filled in, JSON-normalised."""
   from orthojax.train import registry  # pylint: disable=g-import-not-at-top  (imports Config)
   tree = dict(tree)
-  for key, kind in (("model", "model"), ("optimizer", "optimizer"),
-                    ("euclidean_optimizer", "optimizer"), ("penalty", "penalty")):
+  for key, kind in (("model", "model"), ("penalty", "penalty")):
     if isinstance(tree.get(key), Mapping):
       tree[key] = registry.with_defaults(kind, tree[key])
+  if isinstance(tree.get("optimizer"), Mapping):
+    tree["optimizer"] = {g: registry.with_defaults("optimizer", v) if isinstance(v, Mapping)
+                         else v for g, v in tree["optimizer"].items()}
   from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
   data = tree.get("data")
   if isinstance(data, Mapping) and data.get("name") in data_lib.DATASETS:
@@ -129,6 +178,26 @@ def _section(value: Any, key: str) -> dict[str, Any] | None:
   if not isinstance(value, Mapping):
     raise ConfigError(f"config.{key}={value!r}: a section (a dict of keywords) expected")
   return json.loads(json.dumps(dict(value), default=list))   # tuples as lists, detached
+
+
+def _groups(value: Any) -> dict[str, dict[str, Any]]:
+  """``config.optimizer``: one section per group of :data:`GROUPS` (None: absent)."""
+  groups = _section(value, "optimizer") or {}
+  if "name" in groups or "learning_rate" in groups:
+    raise ConfigError("config.optimizer: one section per parameter group now, e.g. "
+                      "{'euclidean': {'name': 'adam', 'learning_rate': 1e-3}}; "
+                      "config.optimizer.name is config.optimizer.euclidean.name (or "
+                      ".stiefel / .oblique for manifold parameters)")
+  out = {}
+  for group, section in groups.items():
+    if group == "manifold":
+      raise ConfigError(f"config.optimizer.manifold: {renamed('optimizer.manifold')}")
+    if group not in GROUPS:
+      raise ConfigError(f"config.optimizer.{group}: unknown parameter group; the groups are "
+                        f"{', '.join(GROUPS)}")
+    if section is not None:
+      out[group] = _section(section, f"optimizer.{group}")
+  return out
 
 
 def _dataclass_section(cls, value: Any, key: str):
@@ -162,9 +231,8 @@ class Config:
   loss: str = "cross_entropy"
   label_smoothing: float = 0.0
   # Optimization.
-  optimizer: Mapping[str, Any] = dataclasses.field(
-      default_factory=lambda: {"name": "adam", "learning_rate": 1e-3})
-  euclidean_optimizer: Mapping[str, Any] | None = None
+  optimizer: Mapping[str, Mapping[str, Any]] = dataclasses.field(
+      default_factory=lambda: {"euclidean": {"name": "adam", "learning_rate": 1e-3}})
   weight_decay: float = 0.0
   grad_clip_norm: float = 0.0
   grad_accum_steps: int = 1
@@ -192,10 +260,10 @@ class Config:
 
   def __post_init__(self):
     set_ = lambda k, v: object.__setattr__(self, k, v)
-    for key in ("model", "data", "optimizer"):
+    for key in ("model", "data"):
       set_(key, _section(getattr(self, key), key))
-    for key in ("euclidean_optimizer", "penalty"):
-      set_(key, _section(getattr(self, key), key))
+    set_("optimizer", _groups(self.optimizer))
+    set_("penalty", _section(self.penalty, "penalty"))
     set_("mesh", _dataclass_section(MeshConfig, self.mesh, "mesh"))
     set_("checkpoint", _dataclass_section(CheckpointConfig, self.checkpoint, "checkpoint"))
     set_("decay_boundaries", tuple(self.decay_boundaries))
@@ -208,6 +276,8 @@ class Config:
     tree = dict(tree.to_dict() if hasattr(tree, "to_dict") else tree)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(tree) - names)
+    if unknown and renamed(unknown[0]):
+      raise ConfigError(f"config.{unknown[0]}: {renamed(unknown[0])}")
     if unknown:
       raise ConfigError(f"config.{unknown[0]}: unknown key; the trainer's keys are "
                         f"{', '.join(sorted(names))}")
@@ -223,12 +293,18 @@ class Config:
   def replace(self, **changes: Any) -> "Config":
     """A copy with ``changes``; a dict given for a section is merged into it
     (``replace(model={"depth": 18})`` keeps the model's other keywords; ``None`` clears an
-    optional section)."""
+    optional section). ``optimizer`` merges group by group:
+    ``replace(optimizer={"euclidean": {"learning_rate": 0.1}})`` changes one rate; a group
+    given as None is removed."""
     merged = {}
     for key, value in changes.items():
       old = getattr(self, key)
-      if isinstance(value, Mapping) and key in ("model", "data", "optimizer") or (
-          isinstance(value, Mapping) and key in ("euclidean_optimizer", "penalty") and old):
+      if key == "optimizer" and isinstance(value, Mapping):
+        value = {**old, **{g: ({**old.get(g, {}), **v} if isinstance(v, Mapping) else v)
+                           for g, v in value.items()}}
+        value = {g: v for g, v in value.items() if v is not None}
+      elif isinstance(value, Mapping) and key in ("model", "data") or (
+          isinstance(value, Mapping) and key == "penalty" and old):
         value = {**old, **value}
       elif isinstance(value, Mapping) and key in ("mesh", "checkpoint"):
         value = {**dataclasses.asdict(old), **value}
@@ -247,8 +323,9 @@ class Config:
 
   @property
   def learning_rate(self) -> float:
-    """``optimizer.learning_rate`` (the peak of the schedule)."""
-    return self.optimizer.get("learning_rate", 0.0)
+    """``optimizer.euclidean.learning_rate`` (the peak of the schedule; 0 without a
+    Euclidean group). A manifold group's is ``optimizer[group]["learning_rate"]``."""
+    return self.optimizer.get("euclidean", {}).get("learning_rate", 0.0)
 
   def validate(self, *, num_devices: int | None = None, num_processes: int = 1) -> "Config":
     """Check every key; raise :class:`ConfigError` naming the first bad one."""
@@ -330,7 +407,7 @@ class Config:
 # What the trainer supplies to each section's constructor (orthojax.train.model_zoo,
 # orthojax.train.optimizers), so the up-front check does not ask the config for them.
 _MODEL_SUPPLIED = ("rngs", "dtype", "in_features", "out_features", "num_classes", "input_size")
-_OPTIMIZER_SUPPLIED = ("views", "mask", "manifold")
+_OPTIMIZER_SUPPLIED = ("views", "mask", "manifold")   # manifold: the group's, by default
 
 
 def _check_sections(config: Config) -> None:
@@ -339,14 +416,15 @@ def _check_sections(config: Config) -> None:
   model_supplied = registry.Supplied(dict.fromkeys(_MODEL_SUPPLIED), owned=("rngs",))
   registry.build("model", config.model, "config.model", model_supplied, check_only=True)
   opt_supplied = registry.Supplied(dict.fromkeys(_OPTIMIZER_SUPPLIED))
-  for key in ("optimizer", "euclidean_optimizer"):
-    if getattr(config, key) is not None:
-      registry.build("optimizer", getattr(config, key), f"config.{key}", opt_supplied,
-                     check_only=True)
-  for key in ("optimizer", "euclidean_optimizer"):
-    rate = (getattr(config, key) or {}).get("learning_rate")
+  if not config.optimizer:
+    raise ConfigError("config.optimizer: no parameter group; name at least the Euclidean "
+                      "one, e.g. {'euclidean': {'name': 'adam', 'learning_rate': 1e-3}}")
+  for group, section in config.optimizer.items():
+    key = f"config.optimizer.{group}"
+    registry.build("optimizer", section, key, opt_supplied, check_only=True)
+    rate = section.get("learning_rate")
     if isinstance(rate, (int, float)) and not rate > 0:
-      raise ConfigError(f"config.{key}.learning_rate={rate}: must be > 0")
+      raise ConfigError(f"{key}.learning_rate={rate}: must be > 0")
   if config.penalty is not None:
     registry.build("penalty", config.penalty, "config.penalty",
                    registry.Supplied({"mask": None, "views": None}), check_only=True)

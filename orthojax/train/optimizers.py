@@ -1,11 +1,14 @@
 """The run's optax chain, built from the config's sections.
 
-* A model without manifold parameters: ``config.optimizer`` (any name of
-  :data:`orthojax.train.registry.OPTIMIZERS` with its keywords) for every param.
-* A model with :class:`~orthojax.nn.StiefelParam` / :class:`~orthojax.nn.ObliqueParam`
-  leaves: :func:`orthojax.optim.partition` routes them to ``config.optimizer`` (its
-  ``manifold`` section defaults to the model's manifold) and the rest (scales, biases,
-  classifier) to ``config.euclidean_optimizer``.
+* One optimizer per parameter group (``config.optimizer.euclidean``, ``.stiefel``,
+  ``.oblique``: any name of :data:`orthojax.train.registry.OPTIMIZERS` with its
+  keywords). A model without manifold parameters uses the Euclidean group's for every
+  parameter; a model with :class:`~orthojax.nn.StiefelParam` /
+  :class:`~orthojax.nn.ObliqueParam` leaves has them routed to their group's optimizer
+  by :func:`orthojax.optim.partition`, the rest (scales, biases, classifier) to the
+  Euclidean group's. A manifold group's optimizer takes its ``manifold`` section
+  (``Stiefel`` / ``Oblique`` at their defaults where the section leaves it out). Groups
+  the model does not have are not built.
 * ``config.penalty``: a decoupled soft-orthogonality penalty on the leaves the model
   marks (:func:`orthojax.optim.add_orthogonality_penalty`), chained first so it acts
   like a loss term under SGD.
@@ -40,6 +43,7 @@ from orthojax.train import registry
 from orthojax.train import schedules
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
+from orthojax.train.config import GROUPS
 
 
 def schedule(config: Config, base_lr: float, total_steps: int) -> optax.Schedule:
@@ -65,9 +69,10 @@ def _scheduled(section: dict[str, Any], config: Config, total_steps: int) -> dic
   return {**section, "learning_rate": schedule(config, section["learning_rate"], total_steps)}
 
 
-def _optimizer(key: str, section: dict[str, Any], config: Config, total_steps: int,
+def _optimizer(group: str, config: Config, total_steps: int,
                supplied: dict[str, Any]) -> optax.GradientTransformation:
-  return registry.build("optimizer", _scheduled(section, config, total_steps), f"config.{key}",
+  section = _scheduled(config.optimizer[group], config, total_steps)
+  return registry.build("optimizer", section, f"config.optimizer.{group}",
                         registry.Supplied(supplied))
 
 
@@ -86,59 +91,62 @@ def build(config: Config, *, total_steps: int, labels: Any = None, views: Any = 
     total_steps: for schedules.
     labels: pure label tree (``"stiefel"`` / ``"oblique"`` / ``"euclidean"``,
       :func:`orthojax.nn.manifold_labels`), or None for a model without manifold params.
-    views: pure ``views=`` tree for the manifold optimizer and the penalty.
+    views: pure ``views=`` tree for the manifold optimizers and the penalty.
     penalty_mask: which leaves the penalty sees (None: every matrix leaf).
 
   Raises:
     ConfigError: one line naming the config key.
   """
-  name = config.optimizer["name"]
-  manifold_kinds = sorted({l for l in jax.tree.leaves(labels) if l != "euclidean"})
-  if config.schedule == "plateau" and name in registry.MANIFOLD_OPTIMIZERS:
-    raise ConfigError(f"config.schedule='plateau': not available with the manifold optimizer "
-                      f"{name} (its step is not linear in the learning rate); use cosine, "
-                      f"warmup_cosine or step")
+  groups = sorted(set(jax.tree.leaves(labels)) if labels is not None else {"euclidean"},
+                  key=GROUPS.index)
+  for group in groups:
+    _check_group(config, group, groups)
   links = []
   if config.grad_clip_norm:
     links.append(optax.clip_by_global_norm(config.grad_clip_norm))
   if config.penalty:
     links.append(registry.build("penalty", config.penalty, "config.penalty",
                                 registry.Supplied({"mask": penalty_mask, "views": views})))
-  euclidean = {"views": views, "mask": decay_mask}
-  if not manifold_kinds:
-    if name in registry.MANIFOLD_OPTIMIZERS:
-      raise ConfigError(f"config.optimizer.name={name!r}: a manifold optimizer needs manifold "
-                        f"parameters (e.g. config.model.weights='stiefel' for DeepMLP)")
-    if config.euclidean_optimizer is not None:
-      raise ConfigError("config.euclidean_optimizer: the model has no manifold parameters, "
-                        "so config.optimizer updates every parameter; remove it")
-    links.append(_with_l2(_optimizer("optimizer", config.optimizer, config, total_steps,
-                                     euclidean), config))
-  else:
-    if len(manifold_kinds) > 1:
-      raise ConfigError(f"config.model: has both {' and '.join(manifold_kinds)} parameters; "
-                        f"one manifold optimizer cannot update both")
-    if config.euclidean_optimizer is None:
-      raise ConfigError("config.euclidean_optimizer: the model has Euclidean parameters beside "
-                        "its manifold ones (biases, scales, the head); name their optimizer, "
-                        "e.g. {'name': 'adam', 'learning_rate': 1e-3}")
-    kind = manifold_kinds[0]
-    default = oj.manifolds.Oblique() if kind == "oblique" else oj.manifolds.Stiefel()
-    manifold_tx = _optimizer("optimizer", config.optimizer, config, total_steps,
-                             {"views": views, "manifold": default})
-    _check_manifold(config, kind)
-    euclid_tx = _with_l2(_optimizer("euclidean_optimizer", config.euclidean_optimizer, config,
-                                    total_steps, euclidean), config)
-    links.append(oj.optim.partition(labels, **{kind: manifold_tx, "euclidean": euclid_tx}))
+  txs = {}
+  for group in groups:
+    if group == "euclidean":
+      txs[group] = _with_l2(_optimizer(group, config, total_steps,
+                                       {"views": views, "mask": decay_mask}), config)
+    else:
+      default = oj.manifolds.Oblique() if group == "oblique" else oj.manifolds.Stiefel()
+      txs[group] = _optimizer(group, config, total_steps, {"views": views, "manifold": default})
+  links.append(txs["euclidean"] if groups == ["euclidean"] else oj.optim.partition(labels, **txs))
   return optax.chain(*links) if len(links) > 1 else links[0]
 
 
-def _check_manifold(config: Config, kind: str) -> None:
-  """The optimizer's manifold section must match the model's manifold parameters."""
-  section = config.optimizer.get("manifold")
-  if isinstance(section, dict) and section.get("name", "").lower() != kind:
-    raise ConfigError(f"config.optimizer.manifold.name={section.get('name')!r}: the model's "
-                      f"manifold parameters are {kind}; use {kind.capitalize()!r}")
-  if kind == "oblique" and config.optimizer["name"] not in ("rsgd", "radam", "projected_gradient"):
-    raise ConfigError(f"config.optimizer.name={config.optimizer['name']!r}: Stiefel-only; the "
-                      f"model's manifold parameters are oblique: use rsgd or radam")
+def _check_group(config: Config, group: str, groups: list[str]) -> None:
+  """The group's section exists and suits its parameters."""
+  key = f"config.optimizer.{group}"
+  section = config.optimizer.get(group)
+  if section is None:
+    what = ("parameters off a manifold (biases, scales, the head)" if group == "euclidean"
+            else f"{group} parameters")
+    example = ("{'name': 'adam', 'learning_rate': 1e-3}" if group == "euclidean" else
+               f"{{'name': 'radam', 'learning_rate': 1e-3, 'manifold': "
+               f"{{'name': '{group.capitalize()}'}}}}")
+    raise ConfigError(f"{key}: missing; the model's {what} need an optimizer, e.g. {example}")
+  name = section["name"]
+  if group == "euclidean":
+    if name in registry.MANIFOLD_OPTIMIZERS:
+      hint = ("e.g. config.model.weights='stiefel' for DeepMLP" if groups == ["euclidean"]
+              else "the model's manifold parameters are config.optimizer." +
+              " / config.optimizer.".join(g for g in groups if g != "euclidean"))
+      raise ConfigError(f"{key}.name={name!r}: a manifold optimizer, for manifold parameters "
+                        f"({hint})")
+    return
+  if config.schedule == "plateau" and name in registry.MANIFOLD_OPTIMIZERS:
+    raise ConfigError(f"config.schedule='plateau': not available with the manifold optimizer "
+                      f"{key}.name={name!r} (its step is not linear in the learning rate); "
+                      f"use cosine, warmup_cosine or step")
+  manifold = section.get("manifold")
+  if isinstance(manifold, dict) and manifold.get("name", "").lower() != group:
+    raise ConfigError(f"{key}.manifold.name={manifold.get('name')!r}: the group's parameters "
+                      f"are {group}; use {group.capitalize()!r}")
+  if group == "oblique" and name not in ("rsgd", "radam", "projected_gradient"):
+    raise ConfigError(f"{key}.name={name!r}: Stiefel-only; the group's parameters are "
+                      f"oblique: use rsgd, radam or projected_gradient")

@@ -7,20 +7,20 @@ previous ones left (:func:`apply_all`):
   ``true`` / ``false`` for a bool, an int, a float, a string as typed, a
   Python literal for a tuple or list (a bare word becomes a one-element
   tuple), and ``none`` clears an optional section.
-* **Naming a constructor** — ``--config.optimizer.name=cayley_adam`` on a
-  registry section (:data:`SECTIONS`: ``model``, ``optimizer``,
-  ``euclidean_optimizer``, ``penalty``, and nested ``manifold``,
-  ``kernel_init``, ``bias_init``, ``scale_init``, ``optimizer`` sections) —
+* **Naming a constructor** — ``--config.optimizer.stiefel.name=cayley_adam`` on a
+  registry section (:data:`SECTIONS`: ``model``, each group of ``optimizer``
+  (``optimizer.euclidean``, ``.stiefel``, ``.oblique``), ``penalty``, and nested
+  ``manifold``, ``kernel_init``, ``bias_init``, ``scale_init``, ``optimizer`` sections) —
   refills the section: the new constructor's keywords at their defaults, and
   the keys the section had where the new constructor takes them. Later
   overrides then set its keywords. Keywords whose default is None or not a
   plain value (a function, an object) are left out; the trainer supplies
   what only it knows (``rngs``, the model's ``views``, …).
 * **Creating a section**: a section that is None or absent in the file is
-  created by naming its constructor (``--config.optimizer.manifold.name=Stiefel``);
+  created by naming its constructor (``--config.optimizer.oblique.name=radam``);
   a section with one constructor (``penalty``) also by setting one of its
   keywords (``--config.penalty.kind=so --config.penalty.strength=1e-3``).
-* **A keyword a section leaves out** (``--config.optimizer.nesterov=true`` on
+* **A keyword a section leaves out** (``--config.optimizer.euclidean.nesterov=true`` on
   a section without it) is added when the section's constructor takes it.
 
 Anything else is one line naming the override and what would be right
@@ -38,12 +38,14 @@ import difflib
 from typing import Any, Mapping, MutableMapping, Sequence
 
 from orthojax.train import registry
+from orthojax.train.config import GROUPS
+from orthojax.train.config import renamed
 from orthojax.train.config import ConfigError
 
-SECTIONS = {"model": "model", "optimizer": "optimizer", "euclidean_optimizer": "optimizer",
-            "penalty": "penalty"}
-"""Top-level keys that are registry sections, and the registry each names from. A nested
-key named after a registry (``manifold``, ``kernel_init``, …) is one too."""
+SECTIONS = {"model": "model", "penalty": "penalty",
+            **{f"optimizer.{group}": "optimizer" for group in GROUPS}}
+"""Sections by their dotted key, and the registry each names from. A nested key named
+after a registry (``manifold``, ``kernel_init``, …) is one too."""
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
@@ -88,7 +90,13 @@ def apply(tree: MutableMapping[str, Any], key: str, text: str) -> None:
   """
   path = key.split(".")
   if not all(path):
-    raise ConfigError("an empty key; keys are dotted names, e.g. optimizer.learning_rate")
+    raise ConfigError("an empty key; keys are dotted names, e.g. batch_size")
+  if renamed(key):
+    raise ConfigError(f"cannot set it ({renamed(key)})")
+  if path[0] == "optimizer" and len(path) > 1 and path[1] not in GROUPS:
+    raise ConfigError(f"cannot set it (the optimizer is per parameter group: "
+                      f"config.optimizer.euclidean.{'.'.join(path[1:])}, or .stiefel / "
+                      f".oblique for manifold parameters)")
   parent = _parent(tree, path, creating=path[-1] == "name")
   last = path[-1]
   kind = _kind(path[:-1])
@@ -112,9 +120,11 @@ def _kind(path: Sequence[str]) -> str | None:
   """The registry a section at ``path`` names from, or None for a plain section."""
   if not path:
     return None
-  if len(path) == 1:
-    return SECTIONS.get(path[0])
-  return path[-1] if path[-1] in registry.REGISTRIES and path[-1] != "layers" else None
+  if ".".join(path) in SECTIONS:
+    return SECTIONS[".".join(path)]
+  if len(path) > 2 or (len(path) == 2 and path[0] != "optimizer"):
+    return path[-1] if path[-1] in registry.REGISTRIES and path[-1] != "layers" else None
+  return None
 
 
 def _parent(tree: MutableMapping[str, Any], path: Sequence[str], creating: bool
@@ -138,9 +148,11 @@ def _parent(tree: MutableMapping[str, Any], path: Sequence[str], creating: bool
     naming = creating and depth == len(path) - 2
     default = registry.DEFAULT_NAMES.get(kind)
     if not naming and default is None:
-      choices = ", ".join(sorted(registry.REGISTRIES[kind]))
+      names = sorted(registry.REGISTRIES[kind])
+      choices = (f"one of {', '.join(names)}" if len(names) <= 12 else
+                 f"from the {len(names)} that --config_help lists")
       raise ConfigError(f"cannot set it ({dotted} is not in the config; name its constructor "
-                        f"first: --{dotted}.name=NAME, NAME one of {choices})")
+                        f"first: --{dotted}.name=NAME, NAME {choices})")
     node[part] = {} if naming else _filled(kind, default, {})
     node = node[part]
   return node

@@ -18,7 +18,7 @@ for the keywords the constructor takes and the section leaves out.
 
 Every error is one line naming the config key: an unknown ``name``, a keyword
 the constructor does not take, or the constructor's own ``ValueError`` /
-``TypeError`` (``config.optimizer.manifold.retraction='qrr': Stiefel: unknown
+``TypeError`` (``config.optimizer.stiefel.manifold.retraction='qrr': Stiefel: unknown
 retraction='qrr'; choose one of ('qr', 'cayley', 'polar', 'newton_schulz')``).
 This is the ml_collections / big_vision convention of configs that name
 constructors, with one registry instead of string imports, so that a typo
@@ -138,7 +138,7 @@ PENALTIES: dict[str, Callable[..., Any]] = {
 """The penalty section's constructor (its ``name`` may be left out)."""
 
 REGISTRIES: dict[str, dict[str, Callable[..., Any]]] = {
-    "model": MODELS, "layers": LAYERS, "optimizer": OPTIMIZERS, "euclidean_optimizer": OPTIMIZERS,
+    "model": MODELS, "layers": LAYERS, "optimizer": OPTIMIZERS,
     "manifold": MANIFOLDS, "penalty": PENALTIES, "kernel_init": INITIALIZERS,
     "bias_init": INITIALIZERS, "scale_init": INITIALIZERS}
 """Which registry a section (or a nested keyword) draws its ``name`` from."""

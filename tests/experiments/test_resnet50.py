@@ -43,9 +43,10 @@ def test_e1_flagfiles_are_the_papers_recipe(variant):
   config = _config(f"experiments/flags/e1_resnet50_{variant}.flags")
   assert (config.model["name"], config.model["depth"], config.model["norm"],
           config.data["name"]) == ("ResNet", 50, variant, "imagenet2012")
-  assert (config.optimizer["name"], config.optimizer["momentum"], config.optimizer["nesterov"],
+  sgd = config.optimizer["euclidean"]
+  assert (sgd["name"], sgd["momentum"], sgd["nesterov"],
           config.learning_rate, config.batch_size) == ("sgd", 0.9, False, 0.1, 256)
-  assert config.weight_decay == 1e-4 and config.euclidean_optimizer is None
+  assert config.weight_decay == 1e-4 and set(config.optimizer) == {"euclidean"}
   assert (config.schedule, config.plateau_patience, config.plateau_factor) == ("plateau", 5, 0.1)
   assert config.early_stopping_patience == 10 and config.num_epochs == 90
   assert config.restore_best and config.loss == "cross_entropy"
@@ -77,7 +78,7 @@ def test_smoke_flagfile_is_the_recipe_scaled_down():
   assert config.data["name"] == "fake" and config.batch_size == 8
   assert [config.options[k] for k in ("height", "width", "num_train", "num_eval")] == [
       32, 32, 32, 16]
-  assert config.learning_rate == 0.003125 and config.optimizer["momentum"] == 0.9
+  assert config.learning_rate == 0.003125 and config.optimizer["euclidean"]["momentum"] == 0.9
   assert (config.num_steps, config.num_epochs, config.eval_every,
           config.checkpoint.every_steps, config.log_every) == (16, 0, 4, 2, 1)
   assert config.schedule == "plateau" and config.restore_best

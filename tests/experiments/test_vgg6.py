@@ -26,7 +26,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_plan_sets_lr_per_variant_and_one_epoch_per_batch():
   base = Config(model={"name": "VGG6", "variant": "sp"},
-                optimizer={"name": "sgd", "learning_rate": 0.01, "momentum": 0.9},
+                optimizer={"euclidean": {"name": "sgd", "learning_rate": 0.01, "momentum": 0.9}},
                 batch_size=256, num_epochs=90, eval_every=1, checkpoint={"every_steps": 1},
                 schedule="plateau")
   plan = e2.plan_runs(base, ["bn", "gmp_imn"], [256, 1024], 0.1, num_train=1_281_167)
@@ -39,7 +39,8 @@ def test_plan_sets_lr_per_variant_and_one_epoch_per_batch():
       ((("variant", "gmp_imn"), ("batch", 1024)), "gmp_imn", 0.1, 1024, 1251, 1251)}
   for run in plan:   # the rest of each section is kept
     assert run.config.model["name"] == "VGG6"
-    assert run.config.optimizer["name"] == "sgd" and run.config.optimizer["momentum"] == 0.9
+    sgd = run.config.optimizer["euclidean"]
+    assert sgd["name"] == "sgd" and sgd["momentum"] == 0.9
     assert run.config.checkpoint.keep == 3
 
 
@@ -47,9 +48,10 @@ def test_e2_config_is_the_papers_recipe():
   config = Config.from_dict({**e2_config.get_config("").to_dict(), "workdir": "/tmp/unused"})
   config.validate(num_devices=1)
   assert (config.model["name"], config.data["name"]) == ("VGG6", "imagenet_resized/32x32")
-  assert (config.optimizer["name"], config.optimizer["momentum"], config.optimizer["nesterov"],
-          config.learning_rate) == ("sgd", 0.9, False, 0.01)
-  assert config.weight_decay == 0 and config.euclidean_optimizer is None
+  sgd = config.optimizer["euclidean"]
+  assert (sgd["name"], sgd["momentum"], sgd["nesterov"], config.learning_rate) == (
+      "sgd", 0.9, False, 0.01)
+  assert config.weight_decay == 0 and set(config.optimizer) == {"euclidean"}
   assert (config.schedule, config.plateau_patience, config.plateau_factor) == ("plateau", 5, 0.1)
   assert config.early_stopping_patience == 10 and config.num_epochs == 90
   assert config.restore_best and config.eval_batch_size == 1000

@@ -39,7 +39,8 @@ WIDTH, DEPTH, BATCH = 256, 6, 256
 def _deep_mlp(**changes) -> Config:
   base = Config(model={"name": "DeepMLP", "depth": DEPTH, "width": WIDTH, "init": "orthogonal"},
                 data={"name": "digits", "flatten": True}, batch_size=BATCH, num_steps=10,
-                optimizer={"name": "sgd", "learning_rate": 0.1}, compute_dtype="bfloat16")
+                optimizer={"euclidean": {"name": "sgd", "learning_rate": 0.1}},
+                compute_dtype="bfloat16")
   return base.replace(**changes)
 
 
@@ -145,10 +146,10 @@ def test_traffic_by_scope_adds_up_to_xla_bytes_and_names_the_optimizer(data_repo
   assert max(named, key=named.get) == "loss_and_grad"
   assert any(k.startswith("optimizer") for k in t.traffic_by_scope)
   stiefel = aot.compile_for(_deep_mlp(
-      model={"depth": 2, "weights": "stiefel"}, euclidean_optimizer={"name": "sgd",
-                                                                   "learning_rate": 0.1},
-      optimizer={"name": "radam", "manifold": {"name": "Stiefel", "retraction": "cayley",
-                                               "cayley_iterations": 2}}), "v5e:2x2").train
+      model={"depth": 2, "weights": "stiefel"},
+      optimizer={"stiefel": {"name": "radam", "learning_rate": 0.1,
+                             "manifold": {"name": "Stiefel", "retraction": "cayley",
+                                          "cayley_iterations": 2}}}), "v5e:2x2").train
   assert sum(stiefel.traffic_by_scope.values()) == pytest.approx(stiefel.bytes_accessed,
                                                                  rel=0.3)
   assert stiefel.traffic_by_scope.get("optimizer/fused_stiefel_adam/retraction", 0) > 0
@@ -176,7 +177,7 @@ def test_too_big_is_one_line_naming_what_to_change(data_report):
   """Too big either way: the TPU compiler refuses (2.7e9 float32 params with Adam), or
   the memory analysis exceeds the chip (the small job on a chip of 1 MiB)."""
   huge = _deep_mlp(model={"width": 8192, "depth": 40}, batch_size=8, compute_dtype="float32",
-                   optimizer={"name": "adam"})
+                   optimizer={"euclidean": {"name": "adam"}})
   with pytest.raises(aot.DoesNotFitError) as err:
     aot.compile_for(huge, "v5e:2x2")
   tiny_chip = dataclasses.replace(data_report.chip, hbm_bytes=2 ** 20)
@@ -193,8 +194,7 @@ def test_too_big_is_one_line_naming_what_to_change(data_report):
 def test_compile_check_builds_the_step_the_run_uses():
   """Same config on 4 CPU devices and on 4 abstract TPU chips: one jaxpr."""
   config = _deep_mlp(model={"depth": 2, "weights": "stiefel"},
-                     optimizer={"name": "radam"},
-                     euclidean_optimizer={"name": "sgd", "learning_rate": 0.1})
+                     optimizer={"stiefel": {"name": "radam", "learning_rate": 0.1}})
   info = data_lib.dataset_info("digits", flatten=True)
   cpu = build_program(config, info, devices=jax.devices()[:4])
   tpu = build_program(config, info, devices=topology.Topology.parse("v5e:2x2").devices())

@@ -14,16 +14,19 @@ from orthojax.train.config import resume_differences
 def test_sections_are_kept_as_given_and_merged_by_replace():
   config = Config(model={"name": "ResNet", "depth": 50, "norm": "bn"},
                   data={"name": "fake", "height": 32}, num_steps=3,
-                  optimizer={"name": "sgd", "learning_rate": 0.1, "momentum": 0.9},
+                  optimizer={"euclidean": {"name": "sgd", "learning_rate": 0.1, "momentum": 0.9}},
                   mesh={"fsdp": 2}, checkpoint={"every_steps": 5})
   assert config.mesh.fsdp == 2 and config.mesh.data == -1
   assert config.checkpoint.every_steps == 5 and config.checkpoint.keep == 3
   assert config.options == {"height": 32} and config.data_dir is None
   assert config.learning_rate == 0.1
-  smaller = config.replace(model={"depth": 18}, optimizer={"learning_rate": 0.05},
+  smaller = config.replace(model={"depth": 18}, optimizer={"euclidean": {"learning_rate": 0.05}},
                            mesh={"data": 4})
   assert smaller.model == {"name": "ResNet", "depth": 18, "norm": "bn"}
-  assert smaller.optimizer == {"name": "sgd", "learning_rate": 0.05, "momentum": 0.9}
+  assert smaller.optimizer == {"euclidean": {"name": "sgd", "learning_rate": 0.05, "momentum": 0.9}}
+  both = smaller.replace(optimizer={"stiefel": {"name": "radam", "learning_rate": 0.1}})
+  assert set(both.optimizer) == {"euclidean", "stiefel"}
+  assert set(both.replace(optimizer={"stiefel": None}).optimizer) == {"euclidean"}
   assert (smaller.mesh.data, smaller.mesh.fsdp) == (4, 2)
   assert config.model["depth"] == 50                     # the original is untouched
   assert config.replace(penalty={"kind": "so", "strength": 1e-4}).penalty == {
@@ -41,12 +44,13 @@ def test_to_dict_round_trips_and_tuples_become_lists():
 
 
 def test_resume_refuses_changed_mathematics_and_allows_logistics():
-  config = Config(num_steps=10, workdir="w", optimizer={"name": "adam", "learning_rate": 1e-3})
+  config = Config(num_steps=10, workdir="w",
+                  optimizer={"euclidean": {"name": "adam", "learning_rate": 1e-3}})
   saved = config.to_dict()
   assert resume_differences(saved, config.replace(log_every=7, mesh={"data": 2},
                                                   checkpoint={"every_steps": 3})) == []
-  diff = resume_differences(saved, config.replace(optimizer={"learning_rate": 2e-3}))
-  assert diff == ["config.optimizer.learning_rate=0.002 (checkpoint: 0.001)"]
+  diff = resume_differences(saved, config.replace(optimizer={"euclidean": {"learning_rate": 2e-3}}))
+  assert diff == ["config.optimizer.euclidean.learning_rate=0.002 (checkpoint: 0.001)"]
   assert resume_differences(saved, config.replace(num_steps=20)) == []   # constant schedule
   assert resume_differences({"model": "mlp", "lr": 0.1}, config) == []   # older flat config
 
@@ -85,16 +89,23 @@ BAD = [
      "config.model.variant: ResNet takes no keyword 'variant'; its keywords are depth, norm"),
     (dict(model={"name": "DeepMLP", "width": 8}), "config.model.depth: DeepMLP needs it"),
     (dict(model={"name": "MLP", "rngs": 1}), "config.model.rngs: set by the trainer"),
-    (dict(optimizer={"name": "adagradd", "learning_rate": 1.0}), "config.optimizer.name='adagradd'"),
-    (dict(optimizer={"name": "adam", "learning_rate": 1.0, "momentum": 0.9}),
-     "config.optimizer.momentum: adam takes no keyword 'momentum'"),
-    (dict(optimizer={"name": "radam", "learning_rate": 1.0,
-                     "manifold": {"name": "Stiefel", "retraction": "qrr"}}),
-     "config.optimizer.manifold.retraction='qrr': Stiefel: unknown retraction='qrr'"),
-    (dict(optimizer={"name": "radam", "learning_rate": 1.0,
-                     "manifold": {"name": "Stiefel", "metric": "riemann"}}),
-     "config.optimizer.manifold.metric='riemann'"),
-    (dict(euclidean_optimizer={"learning_rate": 1.0}), "config.euclidean_optimizer.name: missing"),
+    (dict(optimizer={"euclidean": {"name": "adagradd", "learning_rate": 1.0}}),
+     "config.optimizer.euclidean.name='adagradd'"),
+    (dict(optimizer={"euclidean": {"name": "adam", "learning_rate": 1.0, "momentum": 0.9}}),
+     "config.optimizer.euclidean.momentum: adam takes no keyword 'momentum'"),
+    (dict(optimizer={"stiefel": {"name": "radam", "learning_rate": 1.0,
+                                 "manifold": {"name": "Stiefel", "retraction": "qrr"}}}),
+     "config.optimizer.stiefel.manifold.retraction='qrr': Stiefel: unknown retraction='qrr'"),
+    (dict(optimizer={"stiefel": {"name": "radam", "learning_rate": 1.0,
+                                 "manifold": {"name": "Stiefel", "metric": "riemann"}}}),
+     "config.optimizer.stiefel.manifold.metric='riemann'"),
+    (dict(optimizer={"euclidean": {"learning_rate": 1.0}}),
+     "config.optimizer.euclidean.name: missing"),
+    (dict(optimizer={"name": "adam", "learning_rate": 1.0}),   # the flat form of before
+     "config.optimizer: one section per parameter group now"),
+    (dict(optimizer={"spherical": {"name": "adam", "learning_rate": 1.0}}),
+     "config.optimizer.spherical: unknown parameter group; the groups are euclidean, stiefel"),
+    (dict(optimizer={}), "config.optimizer: no parameter group"),
     (dict(penalty={"kind": "l2", "strength": 1.0}), "config.penalty.kind='l2'"),
     (dict(penalty={"kind": "so", "strength": 1.0, "gain": 2.0}), "config.penalty.gain=2.0"),
     (dict(penalty={"kind": "so"}), "config.penalty.strength: add_orthogonality_penalty needs it"),
@@ -125,3 +136,29 @@ def test_from_dict_refuses_unknown_keys_in_one_line():
 def test_good_config_passes_device_checks():
   config = Config(batch_size=64, grad_accum_steps=2, num_steps=3).validate(num_devices=8)
   assert config.grad_accum_steps == 2
+
+
+def test_old_keys_name_their_new_spelling():
+  with pytest.raises(ConfigError, match=r"config.euclidean_optimizer: renamed config.optimizer.euclidean$"):
+    Config.from_dict({"euclidean_optimizer": {"name": "adam", "learning_rate": 1e-3}})
+  with pytest.raises(ConfigError, match=r"renamed config.optimizer.stiefel.manifold or "
+                                        r"config.optimizer.oblique.manifold"):
+    Config(optimizer={"manifold": {"name": "Stiefel"}})
+
+
+@pytest.mark.parametrize("weights,group", [("stiefel", "stiefel"), ("oblique", "oblique")])
+def test_a_run_recorded_before_the_groups_resumes(weights, group):
+  """config.json of an earlier orthojax (optimizer + euclidean_optimizer, the manifold
+  supplied by the trainer) against today's config of the same run: no difference."""
+  model = {"name": "DeepMLP", "depth": 2, "width": 8, "weights": weights}
+  old = {**Config(num_steps=10, model=model).to_dict(),
+         "optimizer": {"name": "radam", "learning_rate": 1e-3},
+         "euclidean_optimizer": {"name": "adam", "learning_rate": 1e-3}}
+  now = Config(num_steps=10, model=model, optimizer={
+      "euclidean": {"name": "adam", "learning_rate": 1e-3},
+      group: {"name": "radam", "learning_rate": 1e-3,
+              "manifold": {"name": group.capitalize()}}})
+  assert resume_differences(old, now) == []
+  changed = now.replace(optimizer={group: {"learning_rate": 2e-3}})
+  assert resume_differences(old, changed) == [
+      f"config.optimizer.{group}.learning_rate=0.002 (checkpoint: 0.001)"]

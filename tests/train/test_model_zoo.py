@@ -86,7 +86,7 @@ def test_bfloat16_compute_reaches_every_layer(model, info):
   from orthojax.train.step import make_train_step
 
   config = Config(model=model, compute_dtype="bfloat16", num_steps=10,
-                  optimizer={"name": "sgd", "learning_rate": 0.1, "momentum": 0.9},
+                  optimizer={"euclidean": {"name": "sgd", "learning_rate": 0.1, "momentum": 0.9}},
                   loss="cross_entropy" if info.task == "classification" else "mse")
   model = model_zoo.build(config, info, nnx.Rngs(0))
   model.train()

@@ -38,8 +38,8 @@ _GMP_MLP = {"name": "MLP", "variant": "gmp", "hidden": 8}
     ({"name": "adamw", "weight_decay": 0.01}, {}),      # AdamW's own, decoupled
 ])
 def test_zero_gradient_update_is_the_decay_of_the_kernels(optimizer, decay):
-  config = Config(model=_GMP_MLP, num_steps=10, optimizer={**optimizer, "learning_rate": 0.5},
-                  **decay)
+  config = Config(model=_GMP_MLP, num_steps=10,
+                  optimizer={"euclidean": {**optimizer, "learning_rate": 0.5}}, **decay)
   params, _, _ = _params(config)
   assert any("theta" in jax.tree_util.keystr(p) for p, _ in
              jax.tree_util.tree_flatten_with_path(params)[0])
@@ -55,7 +55,8 @@ def test_zero_gradient_update_is_the_decay_of_the_kernels(optimizer, decay):
 
 def test_adam_l2_touches_kernels_only_and_none_without_decay():
   config = Config(model={"name": "MLP", "hidden": 8}, num_steps=10,
-                  optimizer={"name": "adam", "learning_rate": 0.1}, weight_decay=0.01)
+                  optimizer={"euclidean": {"name": "adam", "learning_rate": 0.1}},
+                  weight_decay=0.01)
   params, _, _ = _params(config)
   zeros = jax.tree.map(np.zeros_like, params)
   for wd in (0.01, 0.0):
@@ -69,8 +70,9 @@ def test_adam_l2_touches_kernels_only_and_none_without_decay():
 def test_manifold_run_decays_the_euclidean_kernels_not_the_manifold_ones():
   config = Config(model={"name": "DeepMLP", "depth": 2, "width": 8, "q_star": 0.5,
                          "init": "orthogonal", "weights": "stiefel"},
-                  num_steps=10, optimizer={"name": "radam", "learning_rate": 0.1},
-                  euclidean_optimizer={"name": "sgd", "learning_rate": 0.1, "momentum": 0.9},
+                  num_steps=10,
+                  optimizer={"stiefel": {"name": "radam", "learning_rate": 0.1},
+                             "euclidean": {"name": "sgd", "learning_rate": 0.1, "momentum": 0.9}},
                   weight_decay=0.01)
   params, labels, views = _params(config)
   tx = optimizers.build(config, total_steps=10, labels=labels, views=views)
@@ -88,26 +90,30 @@ _STIEFEL_MLP = {"name": "DeepMLP", "depth": 2, "width": 8, "q_star": 0.5, "init"
                 "weights": "stiefel"}
 
 
+_ADAM = {"name": "adam", "learning_rate": 0.1}
+_RADAM = {"name": "radam", "learning_rate": 0.1}
+
+
 @pytest.mark.parametrize("changes,message", [
-    (dict(model={"name": "MLP", "hidden": 8}, optimizer={"name": "radam", "learning_rate": 0.1}),
-     "config.optimizer.name='radam': a manifold optimizer needs manifold parameters"),
-    (dict(model={"name": "MLP", "hidden": 8},
-          euclidean_optimizer={"name": "adam", "learning_rate": 0.1}),
-     "config.euclidean_optimizer: the model has no manifold parameters"),
-    (dict(model=_STIEFEL_MLP, optimizer={"name": "radam", "learning_rate": 0.1}),
-     "config.euclidean_optimizer: the model has Euclidean parameters"),
+    (dict(model={"name": "MLP", "hidden": 8}, optimizer={"euclidean": _RADAM}),
+     "config.optimizer.euclidean.name='radam': a manifold optimizer, for manifold parameters"),
+    (dict(model=_STIEFEL_MLP, optimizer={"stiefel": _RADAM}),
+     "config.optimizer.euclidean: missing; the model's parameters off a manifold"),
+    (dict(model=_STIEFEL_MLP, optimizer={"euclidean": _ADAM}),
+     "config.optimizer.stiefel: missing; the model's stiefel parameters need an optimizer"),
+    (dict(model=_STIEFEL_MLP, optimizer={"euclidean": _RADAM, "stiefel": _RADAM}),
+     "config.optimizer.euclidean.name='radam': a manifold optimizer, for manifold parameters "
+     "(the model's manifold parameters are config.optimizer.stiefel)"),
     (dict(model={**_STIEFEL_MLP, "weights": "oblique"},
-          optimizer={"name": "radam", "learning_rate": 0.1,
-                     "manifold": {"name": "Stiefel"}},
-          euclidean_optimizer={"name": "adam", "learning_rate": 0.1}),
-     "config.optimizer.manifold.name='Stiefel': the model's manifold parameters are oblique"),
+          optimizer={"oblique": {**_RADAM, "manifold": {"name": "Stiefel"}}, "euclidean": _ADAM}),
+     "config.optimizer.oblique.manifold.name='Stiefel': the group's parameters are oblique"),
     (dict(model={**_STIEFEL_MLP, "weights": "oblique"},
-          optimizer={"name": "cayley_adam", "learning_rate": 0.1},
-          euclidean_optimizer={"name": "adam", "learning_rate": 0.1}),
-     "config.optimizer.name='cayley_adam': Stiefel-only"),
-    (dict(model=_STIEFEL_MLP, optimizer={"name": "radam", "learning_rate": 0.1},
-          euclidean_optimizer={"name": "adam", "learning_rate": 0.1}, schedule="plateau",
-          eval_every=1), "config.schedule='plateau': not available with the manifold"),
+          optimizer={"oblique": {"name": "cayley_adam", "learning_rate": 0.1},
+                     "euclidean": _ADAM}),
+     "config.optimizer.oblique.name='cayley_adam': Stiefel-only"),
+    (dict(model=_STIEFEL_MLP, optimizer={"stiefel": _RADAM, "euclidean": _ADAM},
+          schedule="plateau", eval_every=1),
+     "config.schedule='plateau': not available with the manifold"),
 ])
 def test_routing_errors_are_one_line_naming_the_key(changes, message):
   config = Config(num_steps=10, **changes)
@@ -126,8 +132,8 @@ def test_manifold_section_builds_the_same_optimizer_as_by_hand(kind, manifold):
   if kind == "stiefel":
     section["retraction"] = "cayley"
   config = Config(model={**_STIEFEL_MLP, "weights": kind}, num_steps=10,
-                  optimizer={"name": "radam", "learning_rate": 0.1, "manifold": section},
-                  euclidean_optimizer={"name": "adam", "learning_rate": 0.01})
+                  optimizer={kind: {"name": "radam", "learning_rate": 0.1, "manifold": section},
+                             "euclidean": {"name": "adam", "learning_rate": 0.01}})
   params, labels, views = _params(config)
   tx = optimizers.build(config, total_steps=10, labels=labels, views=views)
   by_hand = oj.optim.partition(labels, **{kind: oj.optim.radam(0.1, manifold, views=views),
@@ -136,3 +142,31 @@ def test_manifold_section_builds_the_same_optimizer_as_by_hand(kind, manifold):
   u1, _ = tx.update(grads, tx.init(params), params)
   u2, _ = by_hand.update(grads, by_hand.init(params), params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), u1, u2)
+
+
+def test_groups_the_model_does_not_have_are_not_built():
+  """E5's config names all three groups; a Euclidean network uses only one."""
+  config = Config(model={"name": "MLP", "hidden": 8}, num_steps=10,
+                  optimizer={"euclidean": _ADAM, "stiefel": _RADAM,
+                             "oblique": {**_RADAM, "manifold": {"name": "Oblique"}}})
+  params, _, _ = _params(config)
+  tx = optimizers.build(config, total_steps=10)
+  by_hand = optax.adam(0.1)
+  grads = jax.tree.map(lambda p: np.ones_like(p) * 0.1, params)
+  u1, _ = tx.update(grads, tx.init(params), params)
+  u2, _ = by_hand.update(grads, by_hand.init(params), params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), u1, u2)
+
+
+def test_a_manifold_group_without_a_manifold_section_gets_its_groups_manifold():
+  """radam leaves the manifold out: the oblique group's is Oblique(), not Stiefel()."""
+  model = {**_STIEFEL_MLP, "weights": "oblique"}
+  config = Config(model=model, num_steps=10, optimizer={"oblique": _RADAM, "euclidean": _ADAM})
+  explicit = config.replace(optimizer={"oblique": {"manifold": {"name": "Oblique"}}})
+  params, labels, views = _params(config)
+  grads = jax.tree.map(lambda p: np.ones_like(p) * 0.1, params)
+  updates = []
+  for c in (config, explicit):
+    tx = optimizers.build(c, total_steps=10, labels=labels, views=views)
+    updates.append(tx.update(grads, tx.init(params), params)[0])
+  jax.tree.map(np.testing.assert_array_equal, *updates)

@@ -15,8 +15,9 @@ BASE = {
     "batch_size": 128, "num_epochs": 0.0, "loss": "cross_entropy", "restore_best": False,
     "decay_boundaries": [], "final_eval_splits": [],
     "model": {"name": "DeepMLP", "depth": 4, "width": 8, "weights": "stiefel"},
-    "optimizer": {"name": "radam", "learning_rate": 1e-3, "b1": 0.9},
-    "euclidean_optimizer": {"name": "adam", "learning_rate": 1e-3, "b1": 0.8, "eps_root": 0.0},
+    "optimizer": {
+        "stiefel": {"name": "radam", "learning_rate": 1e-3, "b1": 0.9},
+        "euclidean": {"name": "adam", "learning_rate": 1e-3, "b1": 0.8, "eps_root": 0.0}},
     "penalty": None,
     "mesh": {"data": -1, "fsdp": 1},
 }
@@ -39,9 +40,10 @@ def apply(*arguments):
     ("--noconfig.restore_best", ("restore_best",), False),
     ("--config.decay_boundaries=(0.5,0.75)", ("decay_boundaries",), [0.5, 0.75]),
     ("--config.final_eval_splits=test", ("final_eval_splits",), ["test"]),
-    ("--config.optimizer.learning_rate=3e-4", ("optimizer", "learning_rate"), 3e-4),
+    ("--config.optimizer.stiefel.learning_rate=3e-4", ("optimizer", "stiefel", "learning_rate"),
+     3e-4),
     ("--config.mesh.fsdp=2", ("mesh", "fsdp"), 2),
-    ("--config.euclidean_optimizer=none", ("euclidean_optimizer",), None),
+    ("--config.optimizer.stiefel=none", ("optimizer", "stiefel"), None),
 ])
 def test_a_key_the_config_has_takes_its_type(argument, key, value):
   tree = apply(argument)
@@ -56,20 +58,20 @@ def test_overrides_do_not_touch_the_input_and_apply_in_order():
 
 
 def test_naming_a_constructor_refills_the_section_with_its_defaults():
-  tree = apply("--config.euclidean_optimizer.name=sgd")
+  tree = apply("--config.optimizer.euclidean.name=sgd")
   # sgd's keywords at their defaults, the file's learning_rate kept, adam's b1 / eps_root gone.
-  assert tree["euclidean_optimizer"] == {"name": "sgd", "learning_rate": 1e-3,
-                                         "nesterov": False}
-  tree = apply("--config.euclidean_optimizer.name=adamw")
-  section = tree["euclidean_optimizer"]
+  assert tree["optimizer"]["euclidean"] == {"name": "sgd", "learning_rate": 1e-3,
+                                            "nesterov": False}
+  tree = apply("--config.optimizer.euclidean.name=adamw")
+  section = tree["optimizer"]["euclidean"]
   assert section["b1"] == 0.8 and section["eps_root"] == 0.0   # the file's, adamw takes them
   assert section["weight_decay"] == 1e-4                        # adamw's default
 
 
 def test_later_overrides_set_the_new_constructors_keywords():
-  tree = apply("--config.optimizer.name=cayley_adam", "--config.optimizer.q=0.25",
-               "--config.optimizer.iterations=3")
-  section = tree["optimizer"]
+  tree = apply("--config.optimizer.stiefel.name=cayley_adam", "--config.optimizer.stiefel.q=0.25",
+               "--config.optimizer.stiefel.iterations=3")
+  section = tree["optimizer"]["stiefel"]
   assert section["name"] == "cayley_adam" and section["q"] == 0.25
   assert section["iterations"] == 3 and section["b1"] == 0.9
 
@@ -77,12 +79,13 @@ def test_later_overrides_set_the_new_constructors_keywords():
 @pytest.mark.parametrize("name", sorted(registry.MANIFOLD_OPTIMIZERS) + ["sgd", "adamw", "muon",
                                                                          "lion"])
 def test_every_optimizer_named_from_the_file_builds(name):
-  inner = (("--config.optimizer.optimizer.name=sgd", "--config.optimizer.optimizer.learning_rate=0.1")
+  inner = (("--config.optimizer.stiefel.optimizer.name=sgd",
+            "--config.optimizer.stiefel.optimizer.learning_rate=0.1")
            if name == "projected_gradient" else ())   # it wraps a Euclidean optimizer section
-  tree = apply(f"--config.optimizer.name={name}", *inner)
-  assert tree["optimizer"]["name"] == name
-  registry.build("optimizer", tree["optimizer"], "config.optimizer", OPTIMIZER_SUPPLIED,
-                 check_only=True)
+  tree = apply(f"--config.optimizer.stiefel.name={name}", *inner)
+  assert tree["optimizer"]["stiefel"]["name"] == name
+  registry.build("optimizer", tree["optimizer"]["stiefel"], "config.optimizer.stiefel",
+                 OPTIMIZER_SUPPLIED, check_only=True)
 
 
 @pytest.mark.parametrize("name", sorted(set(registry.MODELS) - {"Sequential"}))
@@ -105,18 +108,19 @@ def test_a_section_none_in_the_file_is_created_by_its_keywords():
 
 
 def test_a_nested_section_is_created_by_naming_it():
-  tree = apply("--config.optimizer.manifold.name=Stiefel",
-               "--config.optimizer.manifold.retraction=cayley")
-  manifold = tree["optimizer"]["manifold"]
+  tree = apply("--config.optimizer.stiefel.manifold.name=Stiefel",
+               "--config.optimizer.stiefel.manifold.retraction=cayley")
+  manifold = tree["optimizer"]["stiefel"]["manifold"]
   assert manifold["name"] == "Stiefel" and manifold["retraction"] == "cayley"
-  built = registry.build("manifold", manifold, "config.optimizer.manifold")
+  built = registry.build("manifold", manifold, "config.optimizer.stiefel.manifold")
   assert built.retraction == "cayley"
 
 
 def test_a_keyword_the_section_leaves_out_is_added():
-  tree = apply("--config.optimizer.nesterov=true", "--config.optimizer.reorthonormalize_every=10")
-  assert tree["optimizer"]["nesterov"] is True
-  assert tree["optimizer"]["reorthonormalize_every"] == 10
+  tree = apply("--config.optimizer.stiefel.nesterov=true",
+               "--config.optimizer.stiefel.reorthonormalize_every=10")
+  assert tree["optimizer"]["stiefel"]["nesterov"] is True
+  assert tree["optimizer"]["stiefel"]["reorthonormalize_every"] == 10
 
 
 @pytest.mark.parametrize("argument,message", [
@@ -124,12 +128,18 @@ def test_a_keyword_the_section_leaves_out_is_added():
     ("--config.restore_best=maybe", "restore_best is a bool: true or false"),
     ("--config.num_epochs=x", "num_epochs is a number"),
     ("--config.bacth_size=3", "no such key; did you mean 'batch_size'?"),
-    ("--config.optimizer.betas=1", "radam takes no keyword 'betas'; its keywords are "
-                                   "learning_rate, manifold, b1"),
-    ("--config.optimizer.name=adamm", "config.optimizer.name='adamm': unknown; choose one of"),
-    ("--config.optimizer.manifold.retraction=qr",
-     "config.optimizer.manifold is not in the config; name its constructor first: "
-     "--config.optimizer.manifold.name=NAME, NAME one of Oblique, Stiefel"),
+    ("--config.optimizer.stiefel.betas=1", "radam takes no keyword 'betas'; its keywords are "
+                                           "learning_rate, manifold, b1"),
+    ("--config.optimizer.euclidean.name=adamm",
+     "config.optimizer.euclidean.name='adamm': unknown; choose one of"),
+    ("--config.optimizer.stiefel.manifold.retraction=qr",
+     "config.optimizer.stiefel.manifold is not in the config; name its constructor first: "
+     "--config.optimizer.stiefel.manifold.name=NAME, NAME one of Oblique, Stiefel"),
+    ("--config.optimizer.oblique.learning_rate=0.1",
+     "config.optimizer.oblique is not in the config; name its constructor first"),
+    ("--config.optimizer.name=sgd", "the optimizer is per parameter group: "
+                                    "config.optimizer.euclidean.name"),
+    ("--config.euclidean_optimizer.b1=0.5", "renamed config.optimizer.euclidean.b1"),
     ("--config.model=3", "model is a section"),
     ("--config.batch_size.x=3", "config.batch_size is 128, not a section"),
     ("--config.mesh.bogus=1", "no such key"),
@@ -147,5 +157,5 @@ def test_bad_overrides_are_one_line_naming_the_override(argument, message):
 def test_supplied_keywords_are_never_put_into_a_refilled_section():
   tree = apply("--config.model.name=ResNet")
   assert not {"rngs", "dtype", "param_dtype", "num_classes"} & set(tree["model"])
-  tree = apply("--config.optimizer.name=muon")
-  assert "views" not in tree["optimizer"]
+  tree = apply("--config.optimizer.stiefel.name=muon")
+  assert "views" not in tree["optimizer"]["stiefel"]

@@ -24,8 +24,9 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 _STIEFEL_FIELDS = dict(model={"name": "DeepMLP", "depth": 5, "width": 16, "q_star": 0.5,
                               "init": "orthogonal", "weights": "stiefel"},
                        batch_size=64, num_steps=8, schedule="constant",
-                       optimizer={"name": "radam", "learning_rate": 1e-2},
-                       euclidean_optimizer={"name": "adam", "learning_rate": 1e-2}, log_every=4,
+                       optimizer={"stiefel": {"name": "radam", "learning_rate": 1e-2},
+                                  "euclidean": {"name": "adam", "learning_rate": 1e-2}},
+                       log_every=4,
                        seed=2)
 _STIEFEL = Config(**_STIEFEL_FIELDS)
 

@@ -24,7 +24,7 @@ from orthojax.train.config import Config
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _BASE = Config(model={"name": "MLP", "variant": "sp", "hidden": 32}, data={"name": "digits"},
-               batch_size=32, num_steps=12, optimizer={"name": "adam", "learning_rate": 3e-3},
+               batch_size=32, num_steps=12, optimizer={"euclidean": {"name": "adam", "learning_rate": 3e-3}},
                log_every=4, seed=3)
 
 
@@ -123,7 +123,7 @@ def test_skip_policy_stops_a_dead_run_and_logs_what_it_skipped(tmp_path, monkeyp
 def _cli(workdir, *extra):
   return [sys.executable, "-m", "experiments.train", "--config=experiments/configs/train.py",
           "--config.model.hidden=32", "--config.batch_size=32", "--config.num_steps=40",
-          "--config.optimizer.learning_rate=3e-3", "--config.log_every=1",
+          "--config.optimizer.euclidean.learning_rate=3e-3", "--config.log_every=1",
           "--config.checkpoint.every_steps=3", "--config.seed=5", f"--workdir={workdir}", *extra]
 
 
@@ -182,7 +182,7 @@ def test_two_processes_match_one(tmp_path):
 
 
 _LEVY = Config(model={"name": "MLP", "variant": "sp", "hidden": 16}, data={"name": "levy"},
-               batch_size=100, num_steps=40, optimizer={"name": "adam", "learning_rate": 3e-2},
+               batch_size=100, num_steps=40, optimizer={"euclidean": {"name": "adam", "learning_rate": 3e-2}},
                loss="mse", log_every=10, eval_every=2, seed=1, restore_best=True,
                final_eval_splits=("test",), mesh={"data": 1})
 
@@ -225,8 +225,9 @@ def test_manifold_weights_train_on_the_manifold_through_the_partition(tmp_path, 
   import orthojax as oj
   config = Config(model={"name": "DeepMLP", "depth": 3, "width": 16, "q_star": 0.5,
                          "init": "orthogonal", "weights": weights},
-                  batch_size=64, num_steps=30, optimizer={"name": "radam", "learning_rate": 1e-2},
-                  euclidean_optimizer={"name": "adam", "learning_rate": 1e-2}, log_every=10,
+                  batch_size=64, num_steps=30,
+                  optimizer={weights: {"name": "radam", "learning_rate": 1e-2},
+                             "euclidean": {"name": "adam", "learning_rate": 1e-2}}, log_every=10,
                   mesh={"data": 2, "fsdp": 4}, seed=2)
   result, log = _run(config, tmp_path, weights)
   losses = _losses(log)
@@ -346,12 +347,14 @@ def test_resume_refuses_a_changed_run_and_allows_the_rest(tmp_path):
   config = _BASE.replace(checkpoint={"every_steps": 4}, num_steps=8)
   _run(config.replace(num_steps=4), tmp_path, "run")
   saved = json.loads((tmp_path / "run" / "config.json").read_text())
-  assert saved["optimizer"] == {"name": "adam", "learning_rate": config.learning_rate}
+  assert saved["optimizer"] == {"euclidean": {"name": "adam",
+                                              "learning_rate": config.learning_rate}}
   from orthojax.train.config import ConfigError
   with pytest.raises(ConfigError, match=r"config.model.hidden=64 \(checkpoint: 32\), "
-                                        r"config.optimizer.learning_rate=0\.01 "
+                                        r"config.optimizer.euclidean.learning_rate=0\.01 "
                                         r"\(checkpoint: 0\.003\)") as err:
-    _run(config.replace(optimizer={"learning_rate": 0.01}, model={"hidden": 64}), tmp_path,
+    _run(config.replace(optimizer={"euclidean": {"learning_rate": 0.01}}, model={"hidden": 64}),
+         tmp_path,
          "run")
   assert "\n" not in str(err.value)
   # Logging, evaluation, checkpoints, mesh and length (constant schedule) may change.

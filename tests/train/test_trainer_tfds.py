@@ -41,7 +41,7 @@ def test_trains_and_evaluates_on_mocked_tfds(dataset, options, model):
   mock = lambda: (numbered_mock(32, imagenet_like) if streamed
                   else tfds.testing.mock_data(num_examples=48))
   config = Config(data={"name": dataset, **options}, batch_size=8, num_steps=3,
-                  optimizer={"name": "sgd", "learning_rate": 0.01, "momentum": 0.9},
+                  optimizer={"euclidean": {"name": "sgd", "learning_rate": 0.01, "momentum": 0.9}},
                   log_every=1, seed=1, model=model)
   with mock():
     result = trainer.train(config, print_fn=lambda *a, **k: None)
