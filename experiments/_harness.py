@@ -147,6 +147,11 @@ def _fail_to_load(e: Exception, argv: Sequence[str]) -> NoReturn:
        f"({(last[-1].strip() if last else type(cause).__name__)[:300]})")
 
 
+def overridden(key: str) -> bool:
+  """Whether the command line (or a flagfile) sets the dotted config ``key``."""
+  return any(overrides_lib.split(a)[0] == key for a in _OVERRIDES)
+
+
 def config_dict() -> dict[str, Any]:
   """``--config`` as a plain dict with its overrides applied (:func:`parse_flags`), or
   one line and exit 2."""

@@ -216,8 +216,7 @@ def check_per_run_keys(base) -> None:
     name = f"config.{key}"
     section, _, field = key.rpartition(".")
     value = getattr(base, section).get(field) if section else getattr(base, key)
-    overridden = name in flags.FLAGS and flags.FLAGS[name].present
-    if overridden or value not in (None, 0, ()):
+    if _harness.overridden(key) or value not in (None, 0, ()):
       raise ConfigError(f"{name}={value!r}: E5 sets it per run ({why}); leave it out")
 
 

@@ -225,8 +225,7 @@ def check_per_run_keys(base) -> None:
       value = getattr(getattr(base, section), field)
     else:
       value = getattr(base, key)
-    if (name in flags.FLAGS and flags.FLAGS[name].present) or (
-        section == "model" and value is not None):
+    if _harness.overridden(key) or (section == "model" and value is not None):
       raise ConfigError(f"{name}={value!r}: E7 sets it per run ({why}); leave it out")
 
 
