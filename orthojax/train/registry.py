@@ -146,8 +146,9 @@ REGISTRIES: dict[str, dict[str, Callable[..., Any]]] = {
 SUPPLIED_KEYWORDS = ("rngs", "dtype", "param_dtype", "in_features", "out_features",
                      "num_classes", "input_size", "views", "mask", "kernel_metadata",
                      "bias_metadata")
-"""Keywords the trainer supplies (from the data, the mesh, the model): the configs and the
-command-line overrides never write them into a section, so that the trainer's value is used."""
+"""The keywords that the trainer supplies from the data, the mesh or the model. The configs
+and the command-line overrides never write them into a section, so the trainer's value is
+used."""
 
 DEFAULT_NAMES = {"penalty": "add_orthogonality_penalty"}
 """Sections with one constructor may leave ``name`` out."""
