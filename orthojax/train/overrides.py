@@ -12,7 +12,8 @@ previous ones left (:func:`apply_all`):
   (``optimizer.euclidean``, ``.stiefel``, ``.oblique``), ``penalty``, and nested
   ``manifold``, ``kernel_init``, ``bias_init``, ``scale_init``, ``optimizer`` sections) —
   refills the section: the new constructor's keywords at their defaults, and
-  the keys the section had where the new constructor takes them. Later
+  the keys the file set (those not at the old constructor's default) where the new
+  constructor takes them. Later
   overrides then set its keywords. Keywords whose default is None or not a
   plain value (a function, an object) are left out; the trainer supplies
   what only it knows (``rngs``, the model's ``views``, …).
@@ -173,8 +174,14 @@ def _filled(kind: str, name: str, old: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _refill(section: MutableMapping[str, Any], kind: str, name: str, key: str) -> None:
+  """Switch ``section`` to constructor ``name``. The keys that carry over are those the
+  file set: a key at the old constructor's own default (a config file writes every
+  keyword out) gives way to the new constructor's default."""
   registry.resolve_name(kind, {"name": name}, key)   # unknown: the list of choices
   old = dict(section)
+  if "name" in old:
+    unset = registry.with_defaults(kind, {"name": old["name"]})
+    old = {k: v for k, v in old.items() if k not in unset or unset[k] != v or k == "name"}
   section.clear()
   section.update(_filled(kind, name, old))
 

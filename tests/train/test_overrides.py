@@ -68,6 +68,17 @@ def test_naming_a_constructor_refills_the_section_with_its_defaults():
   assert section["weight_decay"] == 1e-4                        # adamw's default
 
 
+def test_a_key_at_the_old_constructors_default_takes_the_new_default():
+  """A config file writes every keyword out: radam's reorthonormalize_every=None is its
+  default, not a choice, so cayley_adam keeps its own (100)."""
+  tree = overrides.apply_all(
+      {"optimizer": {"stiefel": {"name": "radam", "learning_rate": 1e-3, "b1": 0.9,
+                                 "reorthonormalize_every": None}}},
+      ["--config.optimizer.stiefel.name=cayley_adam"])
+  assert tree["optimizer"]["stiefel"]["reorthonormalize_every"] == 100
+  assert tree["optimizer"]["stiefel"]["learning_rate"] == 1e-3   # no default: set by the file
+
+
 def test_later_overrides_set_the_new_constructors_keywords():
   tree = apply("--config.optimizer.stiefel.name=cayley_adam", "--config.optimizer.stiefel.q=0.25",
                "--config.optimizer.stiefel.iterations=3")
