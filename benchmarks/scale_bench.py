@@ -121,8 +121,10 @@ CONV_KINDS = {"radam": "radam-cayley", "muon": "muon"}
 
 CONV_OPTIMIZERS = {
     # Riemannian Adam with the iterative Cayley retraction (two iterations, re-orthonormalised
-    # every 100 steps), as E1's radam rows have always been measured.
-    "radam": ("--config.model.weights=stiefel", "--config.optimizer.stiefel.name=radam",
+    # every 100 steps), as E1's radam rows have always been measured. E1's plateau schedule
+    # scales the update after the optimizer, which a manifold step does not allow: cosine.
+    "radam": ("--config.model.weights=stiefel", "--config.schedule=cosine",
+              "--config.optimizer.stiefel.name=radam",
               "--config.optimizer.stiefel.learning_rate=1e-3",
               "--config.optimizer.stiefel.manifold.name=Stiefel",
               "--config.optimizer.stiefel.manifold.retraction=cayley",

@@ -1,0 +1,19 @@
+"""The scale benchmark's conv-optimizer cases are flagfile configs that build."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import scale_bench
+from orthojax.train import optimizers
+
+
+@pytest.mark.parametrize("kind", sorted(scale_bench.CONV_OPTIMIZERS))
+def test_conv_optimizer_cases_are_configs_that_build(kind):
+  config = scale_bench.flagfile_config("e1_resnet50_bn.flags",
+                                       *scale_bench.CONV_OPTIMIZERS[kind])
+  assert config.model["weights"] == "stiefel"
+  assert config.optimizer["stiefel"]["name"] == kind
+  assert config.optimizer["euclidean"]["name"] == "sgd"   # the flagfile's, unchanged
+  # The trainer's chain for a model with Stiefel conv kernels and Euclidean rest.
+  optimizers.build(config, total_steps=10, labels={"conv": "stiefel", "head": "euclidean"})
