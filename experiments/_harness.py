@@ -29,7 +29,6 @@ import json
 import math
 import os
 import platform
-import re
 import sys
 import pathlib
 import tempfile

@@ -74,6 +74,7 @@ from flax import nnx
 
 from orthojax.models._variants import Initializer
 from orthojax.models._variants import Unit
+from orthojax.models._variants import check_conv_weights
 from orthojax.models._variants import linear
 from orthojax.models._variants import put_convs_on_stiefel
 from orthojax.nn import check_choice
@@ -183,6 +184,7 @@ class ResNet(nnx.Module):
                momentum: float = 0.9, weights: str = "euclidean", rngs: nnx.Rngs):
     check_choice(depth, tuple(LAYOUTS), "depth")
     check_choice(norm, self.NORMS, "norm", where="ResNet")
+    check_conv_weights(weights, norm in ("bn", "none"), "ResNet")
     self.depth, self.norm, self.dtype = depth, norm, dtype
     variant = _UNIT_VARIANT[norm]
 
@@ -207,7 +209,7 @@ class ResNet(nnx.Module):
     self.num_features = features
     self.classifier = linear(features, num_classes, dtype=dtype, param_dtype=param_dtype,
                              rngs=rngs)
-    put_convs_on_stiefel(self, weights, norm in ("bn", "none"), "ResNet", rngs, param_dtype)
+    put_convs_on_stiefel(self, weights, rngs, param_dtype)
 
   def features(self, x: jax.Array) -> jax.Array:
     """The pooled ``(batch, num_features)`` features before the classifier."""

@@ -67,24 +67,27 @@ WEIGHTS = ("euclidean", "stiefel")
 conv kernel a :class:`~orthojax.nn.StiefelParam`."""
 
 
-def put_convs_on_stiefel(model: nnx.Module, weights: str, plain: bool, where: str,
-                         rngs: nnx.Rngs, param_dtype: Any) -> None:
-  """``weights="stiefel"``: every ``nnx.Conv`` kernel of ``model`` becomes a
+def check_conv_weights(weights: str, plain: bool, where: str) -> None:
+  """ValueError for an unknown ``weights``, or ``"stiefel"`` without plain conv kernels
+  (``plain`` false: WN / GmP units parameterize their kernels themselves); checked before
+  the network is built."""
+  check_choice(weights, WEIGHTS, "weights", where=where)
+  if weights == "stiefel" and not plain:
+    raise ValueError(f"{where}: weights='stiefel' needs plain conv kernels (the bn or sp / "
+                     f"none units); WN and GmP units parameterize their kernels themselves")
+
+
+def put_convs_on_stiefel(model: nnx.Module, weights: str, rngs: nnx.Rngs,
+                         param_dtype: Any) -> None:
+  """``weights="stiefel"`` (checked by :func:`check_conv_weights`): every ``nnx.Conv``
+  kernel of ``model`` becomes a
   :class:`~orthojax.nn.StiefelParam` at a uniformly random point of the Stiefel manifold
   (orthonormal on the tall side of its ``(kh·kw·in, out)`` view, the orthogonal
   initialisation), so that :func:`orthojax.optim.partition` routes the conv kernels to a
   ``stiefel=`` optimizer (Riemannian Adam, Muon, …) and the rest to a Euclidean one.
-
-  Raises:
-    ValueError: an unknown ``weights``, or ``"stiefel"`` without plain conv kernels
-      (``plain`` false: WN / GmP units parameterize their kernels themselves).
   """
-  check_choice(weights, WEIGHTS, "weights", where=where)
-  if weights == "euclidean":
+  if weights != "stiefel":
     return
-  if not plain:
-    raise ValueError(f"{where}: weights='stiefel' needs plain conv kernels (the bn or sp / "
-                     f"none units); WN and GmP units parameterize their kernels themselves")
   stiefel = manifolds.Stiefel()
   for _, module in nnx.iter_modules(model):
     if isinstance(module, nnx.Conv):

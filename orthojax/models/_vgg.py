@@ -60,6 +60,7 @@ from flax import nnx
 
 from orthojax.models._variants import Initializer
 from orthojax.models._variants import Unit
+from orthojax.models._variants import check_conv_weights
 from orthojax.models._variants import linear
 from orthojax.models._variants import put_convs_on_stiefel
 from orthojax.nn import WeightNormDense
@@ -113,6 +114,7 @@ class VGG6(nnx.Module):
                momentum: float = 0.99, epsilon: float = 1e-3, weights: str = "euclidean",
                rngs: nnx.Rngs):
     check_choice(variant, self.VARIANTS, "variant", where="VGG6")
+    check_conv_weights(weights, variant in ("sp", "bn"), "VGG6")
     self.variant, self.dtype = variant, dtype
     convs, cin = [], in_features
     for width in widths:
@@ -130,7 +132,7 @@ class VGG6(nnx.Module):
     else:
       self.classifier = linear(cin, num_classes, kernel_init=kernel_init, dtype=dtype,
                                param_dtype=param_dtype, rngs=rngs)
-    put_convs_on_stiefel(self, weights, variant in ("sp", "bn"), "VGG6", rngs, param_dtype)
+    put_convs_on_stiefel(self, weights, rngs, param_dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """Logits ``(batch, num_classes)`` in float32."""
