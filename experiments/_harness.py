@@ -33,7 +33,7 @@ import sys
 import pathlib
 import tempfile
 import time
-from typing import Any, Callable, Iterable, NoReturn, Sequence
+from typing import Any, Callable, Iterable, Mapping, NoReturn, Sequence
 
 from absl import flags
 from absl import logging
@@ -41,6 +41,7 @@ from etils import epath
 
 from ml_collections import config_flags
 
+from orthojax.train import config as config_lib
 from orthojax.train import distributed
 from orthojax.train import overrides as overrides_lib
 from orthojax.train.config import Config
@@ -174,8 +175,9 @@ def run(main: Callable[[list[str]], Any]) -> None:
 def start(argv: Sequence[str]) -> Config:
   """Common start of ``main``: check argv, quiet Orbax, start jax.distributed, read flags.
 
-  Returns the base config, validated for the devices and processes present
-  (a bad flag exits with one line naming it, status 2).
+  Returns the base config, its ranges and choices checked (:meth:`Config.validate`; a bad
+  flag exits with one line naming it, status 2). Its sections are checked by building the
+  runs' programs (:func:`prepare`).
   """
   if len(argv) > 1:
     raise SystemExit(f"error: unexpected arguments {list(argv[1:])}; flags only")
@@ -190,16 +192,8 @@ def start(argv: Sequence[str]) -> Config:
     distributed.initialize(enabled=fv.distributed, coordinator_address=fv.coordinator_address,
                            num_processes=fv.num_processes, process_id=fv.process_id)
   import jax  # pylint: disable=g-import-not-at-top  (after distributed start-up)
-  config = fail_on_config_error(lambda: config_from_flags(fv))
-  if fv.compile_for:   # checked against the topology's chips and hosts by compile_runs
-    config = fail_on_config_error(config.validate)
-  else:
-    config = fail_on_config_error(lambda: config.validate(
-        num_devices=jax.device_count(), num_processes=jax.process_count()))
-  if fv.config_help:   # after the checks the run makes, so it fails where the run would
-    print_config_help(config)
-    raise SystemExit(0)
-  return config
+  del jax
+  return fail_on_config_error(lambda: config_from_flags(fv).validate())
 
 
 def config_from_flags(fv: flags.FlagValues = flags.FLAGS) -> Config:
@@ -224,6 +218,74 @@ def print_config_help(config: Config) -> None:
                       ("layers", "Sequential layers"), ("penalty", "config.penalty"),
                       ("kernel_init", "kernel_init / bias_init")):
     print(f"\n{title}: one of\n{registry.describe(kind)}")
+
+
+# ------------------------------------------------------ Check by building --
+
+def check_fixed(base: Config, fixed: Mapping[str, str], experiment: str,
+                required: Mapping[str, tuple[Any, str]] = {}) -> None:  # pylint: disable=dangerous-default-value
+  """The experiment's own rules on the config, declared rather than coded.
+
+  ``fixed``: key → which flag or rule sets it per run. Setting one on the command line,
+  or in the config file away from the trainer's default, would have no effect: a
+  ConfigError. ``required``: key → (the value the experiment's science needs, why);
+  another value is a ConfigError (e.g. E4's characteristic points are ReLU kinks).
+  A key ending in ``.*`` stands for every key of that section but ``name`` and
+  ``data_dir``.
+  """
+  tree = config_lib.flatten(base.to_dict())
+  defaults = config_lib.flatten(Config().to_dict())
+  for key, why in fixed.items():
+    keys = ([k for k in tree if k.startswith(key[:-1])
+             and not k.endswith((".name", ".data_dir"))]
+            if key.endswith(".*") else [key])
+    for k in keys:
+      value = tree.get(k)
+      if overridden(k) or value != defaults.get(k):
+        raise ConfigError(f"config.{k}={value!r}: {experiment} sets it per run ({why}); "
+                          f"leave it out")
+  for key, (want, why) in required.items():
+    value = tree.get(key, want)
+    if value != want:
+      raise ConfigError(f"config.{key}={value!r}: {experiment} needs {want!r} ({why})")
+
+
+def prepare(runs: Sequence[Run], base: Config, workdir: str) -> None:
+  """Check every run the way it will run, then act on ``--config_help`` / ``--compile_for``.
+
+  Each distinct program of ``runs`` (runs that differ only in seed or data split share
+  one) is built abstractly (:func:`orthojax.train.program.check`: the model by
+  ``nnx.eval_shape``, the optimizer chain, the shardings — no data read, nothing
+  compiled), so a bad key stops the experiment in one line before any run trains, naming
+  the run it belongs to. Then ``--config_help`` prints the config and exits 0 — it fails
+  exactly where the run would — and ``--compile_for`` compiles the programs for the
+  topology (:func:`compile_runs`) and exits.
+  """
+  if not compile_only():   # compile_runs builds the same programs on the topology's chips
+    seen: set[str] = set()
+    for run in runs:
+      key = _program_key(run.config)
+      if key in seen:
+        continue
+      seen.add(key)
+      fail_on_config_error(lambda run=run: _check_run(run, len(runs) > 1))
+  if flags.FLAGS.config_help:
+    print_config_help(base)
+    raise SystemExit(0)
+  if compile_only():
+    compile_runs(runs, workdir)
+
+
+def _check_run(run: Run, name_it: bool) -> None:
+  import jax  # pylint: disable=g-import-not-at-top
+  from orthojax.train import program  # pylint: disable=g-import-not-at-top
+  try:
+    program.check(run.config, devices=run.devices or jax.devices(),
+                  num_processes=jax.process_count(), published=flags.FLAGS.config_help)
+  except ConfigError as e:
+    if not (name_it and run.name):
+      raise
+    raise ConfigError(f"{e} (run {run.name})") from None
 
 
 # ----------------------------------------------------------- Compile check --

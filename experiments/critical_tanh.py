@@ -10,7 +10,7 @@ flagfiles name it and set this module's own flags. The network of Pennington, Sc
 layers of ``config.model.width`` units (paper: 200 × 400) on CIFAR-10 (or SVHN), at a
 critical initialisation ``(σ_w, σ_b)`` for each ``q*`` in ``--q_stars``
 (paper: 1/64, ≈9·10⁻⁴, 1/2, 8), inputs scaled so that ``h¹`` has variance
-``q*`` (:func:`orthojax.train.model_zoo.critical_input_scale`), orthogonal
+``q*`` (:attr:`orthojax.models.DeepMLP.input_scale`), orthogonal
 weights. Three kinds of network (``--weight_kinds``, each run's ``config.model.weights``):
 
 * ``euclidean`` — unconstrained weights, every parameter trained by
@@ -93,7 +93,6 @@ import numpy as np
 from experiments import _harness
 from orthojax import models
 from orthojax.train import data as data_lib
-from orthojax.train import registry
 from orthojax.train.config import ConfigError
 
 WEIGHT_KINDS = models.DeepMLP.WEIGHTS
@@ -209,16 +208,6 @@ PER_RUN_KEYS = {
 }
 
 
-def check_per_run_keys(base) -> None:
-  """A ConfigError for a per-run key set on the command line or in the config file."""
-  for key, why in PER_RUN_KEYS.items():
-    name = f"config.{key}"
-    section, _, field = key.rpartition(".")
-    value = getattr(base, section).get(field) if section else getattr(base, key)
-    if _harness.overridden(key) or value not in (None, 0, ()):
-      raise ConfigError(f"{name}={value!r}: E5 sets it per run ({why}); leave it out")
-
-
 def run_config(base, q_star: float, kind: str, seed: int):
   """The config of one run: a critical DeepMLP at ``q_star`` with ``kind`` weights.
 
@@ -228,25 +217,6 @@ def run_config(base, q_star: float, kind: str, seed: int):
   """
   return base.replace(model={"q_star": q_star, "weights": kind}, seed=base.seed + seed,
                       final_eval_splits=("test",))
-
-
-def check_optimizers(base, kinds) -> None:
-  """Build each kind's optimizer chain as the trainer will (nothing trained): a
-  ConfigError naming the key, e.g. a Stiefel-only optimizer for the oblique networks."""
-  from orthojax.train import optimizers  # pylint: disable=g-import-not-at-top
-  for kind in kinds:
-    config = run_config(base, 1.0, kind, 0)
-    name = config.optimizer.get(kind, {}).get("name")
-    if kind != "euclidean" and name is not None and name not in registry.MANIFOLD_OPTIMIZERS:
-      raise ConfigError(f"config.optimizer.{kind}.name={name!r}: not a manifold optimizer; "
-                        f"the {kind} networks of --weight_kinds={','.join(kinds)} need one of "
-                        f"{', '.join(registry.MANIFOLD_OPTIMIZERS)}")
-    labels = None if kind == "euclidean" else {"kernel": kind, "bias": "euclidean"}
-    try:
-      optimizers.build(config, total_steps=1, labels=labels)
-    except ConfigError as e:
-      raise ConfigError(f"{e} (the {kind} networks of --weight_kinds={','.join(kinds)})"
-                        ) from None
 
 
 def plan(base, q_stars, kinds, num_seeds):
@@ -335,8 +305,7 @@ def main(argv):
       lambda: _harness.flag_list("weight_kinds", _KINDS.value, WEIGHT_KINDS))
   stages = _harness.fail_on_config_error(
       lambda: _harness.flag_list("stages", _STAGES.value, STAGES))
-  _harness.fail_on_config_error(lambda: check_per_run_keys(base))
-  _harness.fail_on_config_error(lambda: check_optimizers(base, kinds))
+  _harness.fail_on_config_error(lambda: _harness.check_fixed(base, PER_RUN_KEYS, "E5"))
   seeds = _harness.fail_on_config_error(lambda: _harness.num_seeds(5))
   train_seeds = _TRAIN_SEEDS.value or seeds
   if not 0 < train_seeds <= seeds:
@@ -358,8 +327,7 @@ def main(argv):
   runs = plan(base, q_stars, kinds, seeds)
   runs = [_harness.Run(r.tags, r.config.replace(spectrum_every=steps_per_epoch))
           for r in runs]
-  if _harness.compile_only():
-    _harness.compile_runs(runs, base.workdir)
+  _harness.prepare(runs, base, base.workdir)
   included, included_notes = _harness.fail_on_config_error(
       lambda: included_records(_INCLUDE.value, [r.name for r in runs]))
   print(f"E5 critical tanh: {len(runs)} networks (q* {', '.join(map(_q_label, q_stars))} × "

@@ -213,22 +213,6 @@ PER_RUN_KEYS = {
 }
 
 
-def check_per_run_keys(base) -> None:
-  """A ConfigError for a per-run key set on the command line (or, for the model's
-  per-run keywords, in the config file)."""
-  for key, why in PER_RUN_KEYS.items():
-    name = f"config.{key}"
-    section, _, field = key.rpartition(".")
-    if section == "model":
-      value = base.model.get(field)
-    elif section:
-      value = getattr(getattr(base, section), field)
-    else:
-      value = getattr(base, key)
-    if _harness.overridden(key) or (section == "model" and value is not None):
-      raise ConfigError(f"{name}={value!r}: E7 sets it per run ({why}); leave it out")
-
-
 def runs(base, depths: Sequence[int], inits: Sequence[str], num_seeds: int, lr_scaling: str,
          num_train: int) -> list[_harness.Run]:
   """depths × inits × seeds, full-batch on one device (the batch is the training set)."""
@@ -360,7 +344,7 @@ def main(argv):
   if not base.num_epochs:
     _harness.fail("config.num_epochs: E7 trains full batch for a number of epochs "
                   "(config.num_steps is not used)")
-  _harness.fail_on_config_error(lambda: check_per_run_keys(base))
+  _harness.fail_on_config_error(lambda: _harness.check_fixed(base, PER_RUN_KEYS, "E7"))
   dataset = base.data["name"]
   try:
     info = data_lib.dataset_info(dataset, data_dir=base.data_dir,
@@ -371,10 +355,7 @@ def main(argv):
     _harness.fail(f"config.loss={base.loss!r}: {dataset} is a classification set; "
                   f"E7 trains with config.loss='cross_entropy'")
   plan = runs(base, depths, inits, num_seeds, fv.lr_scaling, info.num_train)
-  if _harness.compile_only():
-    _harness.compile_runs(plan, base.workdir)
-  for run in plan:
-    _harness.fail_on_config_error(lambda run=run: run.config.validate(num_devices=1))
+  _harness.prepare(plan, base, base.workdir)
 
   start = time.perf_counter()
   print(f"E7 deep linear: {len(plan)} runs (depths {', '.join(map(str, depths))} × "

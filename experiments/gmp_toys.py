@@ -312,27 +312,13 @@ def _ints(name: str, values: list[str]) -> list[int]:
   return out
 
 
-def check_base(base) -> None:
-  """What E4 needs of the config; a :class:`ConfigError` naming the config key."""
-  if base.spectrum_every < 1:
-    raise ConfigError(f"config.spectrum_every={base.spectrum_every}: E4 tracks the "
-                      f"characteristic points with the trainer hook; set 1 (every step)")
-  if base.options:
-    raise ConfigError(f"config.data: {base.options} — E4 sets its data per toy; use "
-                      f"--levy_options / --banana_options")
-  name = base.model["name"]
-  if name != "MLP":
-    raise ConfigError(f"config.model.name={name!r}: E4 trains the one-hidden-layer MLP "
-                      f"('MLP')")
-  for key, flag in (("hidden", "its toy (100 on Levy, 10 on banana)"),
-                    ("variant", "run (--toy_variants)")):
-    if key in base.model:
-      raise ConfigError(f"config.model.{key}={base.model[key]!r}: E4 sets it per {flag}; "
-                        f"remove it")
-  activation = base.model.get("activation", "relu")
-  if activation != "relu":
-    raise ConfigError(f"config.model.activation={activation!r}: E4's characteristic points "
-                      f"are the kinks of ReLU units; use 'relu'")
+# Keys E4 sets per run (why), and the values its science needs.
+PER_RUN_KEYS = {"model.hidden": "its toy: 100 on Levy, 10 on banana",
+                "model.variant": "each of --toy_variants",
+                "data.*": "--levy_options / --banana_options"}
+REQUIRED = {"model.name": ("MLP", "the one-hidden-layer MLP"),
+            "model.activation": ("relu", "the characteristic points are ReLU kinks"),
+            "spectrum_every": (1, "the characteristic points are tracked after every step")}
 
 
 def plan_runs(base, toys, variants, lrs, seeds, *, steps, batch_sizes, options, levy_loss):
@@ -708,7 +694,7 @@ def main(argv):
       if batch[toy] > n:
         raise ConfigError(f"--{toy}_batch_size={batch[toy]}: larger than the {n} training "
                           f"examples (--{toy}_options num_train)")
-    check_base(base)
+    _harness.check_fixed(base, PER_RUN_KEYS, "E4", REQUIRED)
     if _LEVY_LOSS.value not in LEVY_LOSSES:
       raise ConfigError(f"--levy_loss={_LEVY_LOSS.value}: unknown; choose one of "
                         f"{', '.join(LEVY_LOSSES)}")
@@ -719,9 +705,7 @@ def main(argv):
     _harness.fail("--workdir: the experiment writes its runs, trajectories and report there")
   plan = plan_runs(base, toys, variants, lrs, seeds, steps=steps, batch_sizes=batch,
                    options=options, levy_loss=_LEVY_LOSS.value)
-  if _harness.compile_only():
-    _harness.compile_runs(plan, base.workdir)
-  _harness.fail_on_config_error(lambda: [r.config.validate(num_devices=1) for r in plan])
+  _harness.prepare(plan, base, base.workdir)
   start = time.perf_counter()
   print(f"E4 GmP toys: {len(plan)} runs ({', '.join(toys)} × {', '.join(variants)} × lr "
         f"{', '.join(f'{lr:g}' for lr in lrs)} × seeds {', '.join(map(str, seeds))}); "

@@ -162,22 +162,19 @@ def rows_from(record: dict[str, Any], model: str, variant: str, batch: int,
   return rows
 
 
+REQUIRED = {"model.name": ("ResNet", "a ResNet of config.model.depth 18, 34, 50 or 101")}
+
+
 def main(argv):
   base = _harness.start(argv)
-  if base.model["name"] != "ResNet":
-    _harness.fail(f"config.model.name={base.model['name']!r}: E1 trains a ResNet "
-                  f"(config.model.depth 18, 34, 50 or 101)")
+  _harness.fail_on_config_error(lambda: _harness.check_fixed(base, {}, "E1", REQUIRED))
   norm = base.model["norm"]
-  if norm not in models.ResNet.NORMS:
-    _harness.fail(f"config.model.norm={norm!r}: E1 variants are "
-                  f"{', '.join(models.ResNet.NORMS)} (Table 1: bn, wn_mbn, gmp_imn)")
   model = f"resnet{base.model['depth']}"
   dataset = base.data["name"]
   run = _harness.Run(tags=(("model", model), ("variant", norm)), config=base, single=True)
-  if _harness.compile_only():
-    _harness.compile_runs([run], base.workdir)
-  if not base.workdir:
+  if not base.workdir and not _harness.compile_only():
     _harness.fail("--workdir: the run's checkpoints, metrics and report go there")
+  _harness.prepare([run], base, base.workdir)
   info = check_data(base)
   per_epoch = max(info.num_train // base.batch_size, 1)
   if base.schedule == "plateau" and base.eval_every != per_epoch:

@@ -27,7 +27,7 @@ the recurrent kernel ``W_rec``:
 * ``orthogonal_gain_adj_so`` [Orthogonal_GainA_adj_RegB]: ``g · Q`` plus the gain-adjusted
   penalty ``λ ‖W_recᵀW_rec / g² − I‖²_F`` (pulls them to ``g``).
 
-The penalty acts on ``W_rec`` only (:func:`orthojax.train.model_zoo.penalty_mask`),
+The penalty acts on ``W_rec`` only (:attr:`orthojax.models.SequenceRNN.PENALIZED`),
 added to the gradient before Adam (as a loss term would be); every λ in
 ``--penalty_strengths`` gives one run of each penalised variant (the experiment sets
 ``config.model.recurrent_init``, the gain and the ``config.penalty`` section per variant).
@@ -152,29 +152,16 @@ def parse_flags(variants: Sequence[str], strengths: Sequence[str], num_seeds: in
   return variants, parsed
 
 
-def check_base(base) -> None:
-  """What E6 needs of the config; a :class:`ConfigError` naming the config key."""
-  name = base.model["name"]
-  if name != "SequenceRNN":
-    raise ConfigError(f"config.model.name={name!r}: E6 trains the sequence RNN "
-                      f"('SequenceRNN')")
-  if base.data["name"] != "mnist":
-    raise ConfigError(f"config.data.name={base.data['name']!r}: E6 is sequential MNIST "
-                      f"('mnist')")
-  view = base.options.get("view", "row")
-  if view not in SEQUENCE_VIEWS:
-    raise ConfigError(f"config.data.view={view!r}: E6 needs a sequence view, one of "
-                      f"{', '.join(SEQUENCE_VIEWS)}")
-  recurrent = base.model.get("recurrent", "euclidean")
-  if recurrent != "euclidean":
-    raise ConfigError(f"config.model.recurrent={recurrent!r}: E6 trains a Euclidean "
-                      f"recurrent kernel (its variants are inits and soft penalties)")
-  if "recurrent_init" in base.model:
-    raise ConfigError(f"config.model.recurrent_init={base.model['recurrent_init']!r}: E6 "
-                      f"sets it per variant (--variants); remove it")
-  if base.penalty is not None:
-    raise ConfigError("config.penalty: E6 sets the penalty per variant (--variants, "
-                      "--penalty_strengths, gain config.model.gain); remove it")
+# Keys E6 sets per run (why), and the values its science needs.
+PER_RUN_KEYS = {"model.recurrent_init": "each of --variants",
+                "penalty.*": "each penalised variant of --variants, --penalty_strengths"}
+REQUIRED = {"model.name": ("SequenceRNN", "the vanilla RNN"),
+            "data.name": ("mnist", "sequential MNIST"),
+            "model.recurrent": ("euclidean", "its variants are inits and soft penalties")}
+
+
+def check_epochs(base) -> None:
+  """E6 trains whole epochs: the spectrum and validation accuracy are per epoch."""
   if not base.num_epochs or base.num_epochs != int(base.num_epochs):
     raise ConfigError("config.num_epochs: E6 trains a whole number of epochs "
                       "(config.num_steps is not used): the spectrum and validation accuracy "
@@ -518,7 +505,8 @@ def main(argv):
   num_seeds = _harness.fail_on_config_error(lambda: _harness.num_seeds(3))
   variants, strengths = _harness.fail_on_config_error(
       lambda: parse_flags(fv.variants or VARIANTS, fv.penalty_strengths, num_seeds))
-  _harness.fail_on_config_error(lambda: check_base(base))
+  _harness.fail_on_config_error(lambda: _harness.check_fixed(base, PER_RUN_KEYS, "E6", REQUIRED))
+  _harness.fail_on_config_error(lambda: check_epochs(base))
   if not base.workdir:
     _harness.fail("--workdir: the experiment writes its runs and report there")
   try:
@@ -530,13 +518,7 @@ def main(argv):
     _harness.fail(f"config.data: {str(e).splitlines()[0]}")
   steps_per_epoch = max(info.num_train // base.batch_size, 1)
   plan = runs(base, variants, strengths, num_seeds, steps_per_epoch, spectrum_hook)
-  if _harness.compile_only():
-    _harness.compile_runs(plan, base.workdir)
-  import jax  # pylint: disable=g-import-not-at-top
-  for run in plan:
-    _harness.fail_on_config_error(
-        lambda run=run: run.config.validate(num_devices=jax.device_count(),
-                                            num_processes=jax.process_count()))
+  _harness.prepare(plan, base, base.workdir)
 
   source = base.options.get("source", "tfds")
   view = base.options.get("view", "row")

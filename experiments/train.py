@@ -18,8 +18,7 @@ _harness.define_flags("train.py")
 
 def main(argv: list[str]) -> None:
   config = _harness.start(argv)
-  if _harness.compile_only():
-    _harness.compile_runs([_harness.Run(tags=(), config=config)], config.workdir)
+  _harness.prepare([_harness.Run(tags=(), config=config)], config, config.workdir)
   import jax  # pylint: disable=g-import-not-at-top  (after distributed start-up)
   from orthojax.train import trainer  # pylint: disable=g-import-not-at-top
   result = _harness.fail_on_config_error(lambda: trainer.train(config))

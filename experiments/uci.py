@@ -73,27 +73,11 @@ _SKIP_MISSING = flags.DEFINE_bool("skip_missing", True,
                                   "Report a set whose data is missing instead of failing.")
 
 
-def check_base(base, gmp_lr: float) -> None:
-  """What E3 needs of the config and ``--gmp_lr``; a :class:`ConfigError` naming the key."""
-  name = base.model["name"]
-  if name != "MLP":
-    raise ConfigError(f"config.model.name={name!r}: E3 trains the one-hidden-layer MLP "
-                      f"('MLP')")
-  if "variant" in base.model:
-    raise ConfigError(f"config.model.variant={base.model['variant']!r}: E3 sets it per run "
-                      f"(--variants); remove it")
-  if not base.data["name"].startswith("uci/"):
-    raise ConfigError(f"config.data.name={base.data['name']!r}: E3 trains on the UCI sets "
-                      f"(--uci_datasets picks them)")
-  for key in ("split_index", "validation_fraction"):
-    if key in base.data:
-      raise ConfigError(f"config.data.{key}={base.data[key]!r}: E3 sets it per run "
-                        f"(--num_splits, --protocol); remove it")
-  if not base.learning_rate > 0:
-    raise ConfigError(f"config.optimizer.euclidean.learning_rate={base.learning_rate}: "
-                      f"must be > 0")
-  if not gmp_lr > 0:
-    raise ConfigError(f"--gmp_lr={gmp_lr}: must be > 0")
+# Keys E3 sets per run (why), and the values its science needs.
+PER_RUN_KEYS = {"model.variant": "each of --variants",
+                "data.split_index": "each of --num_splits",
+                "data.validation_fraction": "--protocol"}
+REQUIRED = {"model.name": ("MLP", "the one-hidden-layer MLP of Table 3")}
 
 
 def runs(base, datasets, variants, num_splits, protocol, gmp_lr):
@@ -146,7 +130,12 @@ def main(argv):
     _harness.fail(f"--protocol={_PROTOCOL.value}: unknown; choose one of {', '.join(PROTOCOLS)}")
   if not 1 <= _SPLITS.value <= 10:
     _harness.fail(f"--num_splits={_SPLITS.value}: must be in 1..10")
-  _harness.fail_on_config_error(lambda: check_base(base, _GMP_LR.value))
+  _harness.fail_on_config_error(lambda: _harness.check_fixed(base, PER_RUN_KEYS, "E3", REQUIRED))
+  if not base.data["name"].startswith("uci/"):
+    _harness.fail(f"config.data.name={base.data['name']!r}: E3 trains on the UCI sets "
+                  f"(--uci_datasets picks them)")
+  if not _GMP_LR.value > 0:
+    _harness.fail(f"--gmp_lr={_GMP_LR.value}: must be > 0")
   if not base.workdir:
     _harness.fail("--workdir: the experiment writes its runs and report there")
   start = time.perf_counter()
@@ -154,8 +143,7 @@ def main(argv):
                                     _GMP_LR.value)
   if missing and not _SKIP_MISSING.value:
     _harness.fail(" | ".join(missing.values()))
-  if _harness.compile_only():
-    _harness.compile_runs(plan, base.workdir)
+  _harness.prepare(plan, base, base.workdir)
   print(f"E3 UCI: {len(plan)} runs ({', '.join(d for d in datasets if d not in missing)} × "
         f"{', '.join(variants)} × {_SPLITS.value} splits), protocol {_PROTOCOL.value}",
         flush=True)

@@ -131,17 +131,14 @@ def main(argv):
     return variants, batches
 
   variants, batches = _harness.fail_on_config_error(parse)
-  if base.model["name"] != "VGG6":
-    _harness.fail(f"config.model.name={base.model['name']!r}: E2 trains VGG6")
+  _harness.fail_on_config_error(lambda: _harness.check_fixed(   # model.variant: the
+      base, {}, "E2", {"model.name": ("VGG6", "the VGG-6 of Table 2")}))   # file's is for
+  # experiments.train; each of --vgg_variants replaces it here
   if not base.workdir:
     _harness.fail("--workdir: the experiment writes its runs and report there")
   info = e1.check_data(base)
   plan = plan_runs(base, variants, batches, _GMP_LR.value, info.num_train)
-  if _harness.compile_only():
-    _harness.compile_runs(plan, base.workdir)
-  import jax  # pylint: disable=g-import-not-at-top
-  _harness.fail_on_config_error(lambda: [r.config.validate(
-      num_devices=jax.device_count(), num_processes=jax.process_count()) for r in plan])
+  _harness.prepare(plan, base, base.workdir)
   start = time.perf_counter()
   print(f"E2 VGG-6 on {base.data['name']}: {len(plan)} runs ({', '.join(variants)} × batch "
         f"{', '.join(map(str, batches))}), lr {base.learning_rate:g} (GmP {_GMP_LR.value:g})",

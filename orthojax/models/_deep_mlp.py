@@ -195,6 +195,30 @@ class DeepMLP(nnx.Module):
   """Accepted ``init`` names: the weight distribution of the critical initialisation."""
   WEIGHTS = ("euclidean", "stiefel", "oblique")
   """Accepted ``weights`` names: where the hidden weights live."""
+  INPUT = "flat"
+  """How the trainer feeds it data: flattened to ``(batch, features)``, ``in_features``
+  their number (:func:`orthojax.train.model_zoo.build`)."""
+
+  @property
+  def input_scale(self) -> float:
+    r"""``c = √(q* − σ_b²) / σ_w`` (1 without ``q_star``): standardised inputs times ``c``
+    start the network at its fixed point.
+
+    The first pre-activation ``h¹ = c·x W⁰ + b⁰`` has variance ``σ_w² c² E[x²] + σ_b²``,
+    which is ``q*`` for inputs of unit mean square — the input normalisation of
+    Pennington et al. (2017) and Sokol & Park (2020, §4), so the network is at its fixed
+    point from the first layer on rather than converging to it. The trainer multiplies
+    the (standardised) inputs by it (:class:`orthojax.train.model_zoo.Flatten`).
+
+    Raises:
+      ValueError: ``q* ≤ σ_b²`` (no input scale reaches the fixed point).
+    """
+    if not self.q_star:
+      return 1.0
+    if not self.q_star > self.sigma_b ** 2:
+      raise ValueError(f"input_scale: q*={self.q_star} must exceed "
+                       f"sigma_b^2={self.sigma_b ** 2}")
+    return math.sqrt(self.q_star - self.sigma_b ** 2) / self.sigma_w
 
   def __init__(self, in_features: int, depth: int, width: int, out_features: int, *,
                activation: str | Callable = "tanh", q_star: float | None = None,

@@ -176,6 +176,9 @@ class ResNet(nnx.Module):
 
   NORMS = ("bn", "wn_mbn", "gmp_imn", "none")
   """Accepted ``norm`` names."""
+  INPUT = "image"
+  """How the trainer feeds it data: ``(batch, height, width, channels)``, ``in_features``
+  the channels (:func:`orthojax.train.model_zoo.build`)."""
 
   def __init__(self, depth: int = 50, norm: str = "bn", num_classes: int = 1000, *,
                in_features: int = 3, dtype: Any = None, param_dtype: Any = jnp.float32,
@@ -234,6 +237,7 @@ def _constructor(depth: int):
   build.__name__ = build.__qualname__ = f"ResNet{depth}"
   build.__doc__ = (f"ResNet-{depth}: ``ResNet({depth}, norm, num_classes, **kwargs)`` "
                    "(see :class:`ResNet`).")
+  build.INPUT = ResNet.INPUT
   return build
 
 

@@ -35,7 +35,6 @@ import jax
 
 from etils import epath
 
-from orthojax.train import data as data_lib
 from orthojax.train import hlo
 from orthojax.train import topology as topology_lib
 from orthojax.train.config import Config
@@ -43,6 +42,7 @@ from orthojax.train.program import ModelFn
 from orthojax.train.program import OptimizerArg
 from orthojax.train.program import build_program
 from orthojax.train.program import compile_program
+from orthojax.train.program import dataset_info
 
 REPORT = "compile_report.json"
 GiB = topology_lib.GiB
@@ -272,8 +272,7 @@ def compile_for(config: Config, topology: str, *, num_slices: int | None = None,
   slices = config.mesh.num_slices if num_slices is None else num_slices
   target = topology_lib.Topology.parse(topology, slices)
   config = config.replace(mesh={"num_slices": slices})
-  info = data_lib.dataset_info(config.data["name"], data_dir=config.data_dir,
-                               published=True, **config.options)
+  info = dataset_info(config, published=True)
   devices = target.devices()[:num_chips]
   program = build_program(config, info, devices=devices,
                           num_processes=len({d.process_index for d in devices}),

@@ -20,9 +20,15 @@ The sections go straight to constructors, with their keywords unchanged:
 Everything else is the trainer's own (length, loss, schedule, loop). The experiments
 build a Config from an ``ml_collections.ConfigDict`` (``--config=…py`` and
 ``--config.a.b=value`` overrides): :meth:`Config.from_dict`. Errors name the config key
-(``config.mesh.data=3: …``). Validation that needs the runtime (device and process
-counts, data files) is :meth:`Config.validate` with those passed in, before anything is
-built or loaded.
+(``config.mesh.data=3: …``).
+
+Checking is done once, in two parts: :meth:`Config.validate` checks the ranges and choices
+of the trainer's own keys (and, given the device and process counts, the mesh and batch);
+the sections are checked by building them —
+:func:`orthojax.train.program.build_program` constructs the model abstractly
+(``nnx.eval_shape``) and the optimizer chain before any data is loaded or workdir touched,
+so a section is accepted exactly when the run can build it. The resume check (which keys
+may change when a run continues) is :mod:`orthojax.train.resume`.
 """
 
 from __future__ import annotations
@@ -88,20 +94,6 @@ class CheckpointConfig:
   keep: int = 3
 
 
-# Keys a resumed run may change: where and how often it logs, evaluates and saves, the
-# devices and mesh it runs on (and whether its update is owner-sharded: checkpoints hold
-# the replicated layout), how it guards against non-finite steps, micro-batching
-# (the same update up to rounding), and how far it trains when the schedule does not
-# depend on the total length. Every other key changes the run's mathematics and is
-# refused on resume.
-RESUMABLE_KEYS = ("workdir", "data.data_dir", "log_every", "eval_every", "checkpoint.every_steps",
-                  "checkpoint.keep", "spectrum_every", "final_eval_splits", "eval_batch_size",
-                  "mesh.data", "mesh.fsdp", "mesh.model", "mesh.num_slices", "mesh.shard_update",
-                  "nan_policy",
-                  "max_skipped_fraction", "grad_accum_steps")
-LENGTH_KEYS = ("num_steps", "num_epochs")   # resumable with a constant or plateau schedule
-
-
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
   """``{"a": {"b": 1}}`` → ``{"a.b": 1}`` (sections of sections too)."""
   out = {}
@@ -111,63 +103,6 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     else:
       out[f"{prefix}{k}"] = v
   return out
-
-
-def resume_differences(saved: dict[str, Any], config: "Config") -> list[str]:
-  """``config.key=value (checkpoint: value)`` for each key that may not change on resume.
-
-  Keys the checkpoint does not record (written by an older orthojax) are not compared.
-  """
-  now, then = flatten(_with_defaults(config.to_dict())), flatten(_with_defaults(migrate(saved)))
-  allowed = set(RESUMABLE_KEYS)
-  if config.schedule in ("constant", "plateau"):
-    allowed |= set(LENGTH_KEYS)
-  if not isinstance(saved.get("model"), Mapping):
-    return []   # a flat config of orthojax < 0.2: not comparable, not compared
-  keys = sorted(set(now) | set(then))
-  return [f"config.{k}={now.get(k)!r} (checkpoint: {then.get(k)!r})" for k in keys
-          if k not in allowed and now.get(k) != then.get(k)]
-
-
-def migrate(saved: Mapping[str, Any]) -> dict[str, Any]:
-  """A recorded config of an earlier orthojax in today's form: its ``optimizer`` (and
-  ``euclidean_optimizer``) as parameter groups, the manifold its trainer supplied written
-  out, so that a run started before the groups resumes (its mathematics is the same)."""
-  saved = dict(saved)
-  optimizer = saved.get("optimizer")
-  if not isinstance(optimizer, Mapping) or "name" not in optimizer:
-    return saved
-  euclidean = saved.pop("euclidean_optimizer", None)
-  if euclidean is None:
-    saved["optimizer"] = {"euclidean": dict(optimizer)}
-    return saved
-  model = saved.get("model")
-  group = "oblique" if isinstance(model, Mapping) and model.get("weights") == "oblique" \
-      else "stiefel"
-  manifold_tx = dict(optimizer)
-  from orthojax.train import registry  # pylint: disable=g-import-not-at-top  (imports Config)
-  fn = registry.OPTIMIZERS.get(manifold_tx["name"])
-  if fn is not None and "manifold" in registry.keywords(fn) and "manifold" not in manifold_tx:
-    manifold_tx["manifold"] = {"name": group.capitalize()}
-  saved["optimizer"] = {"euclidean": dict(euclidean), group: manifold_tx}
-  return saved
-
-
-def _with_defaults(tree: dict[str, Any]) -> dict[str, Any]:
-  """The registry sections with their constructors' defaults filled in, JSON-normalised."""
-  from orthojax.train import registry  # pylint: disable=g-import-not-at-top  (imports Config)
-  tree = dict(tree)
-  for key, kind in (("model", "model"), ("penalty", "penalty")):
-    if isinstance(tree.get(key), Mapping):
-      tree[key] = registry.with_defaults(kind, tree[key])
-  if isinstance(tree.get("optimizer"), Mapping):
-    tree["optimizer"] = {g: registry.with_defaults("optimizer", v) if isinstance(v, Mapping)
-                         else v for g, v in tree["optimizer"].items()}
-  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
-  data = tree.get("data")
-  if isinstance(data, Mapping) and data.get("name") in data_lib.DATASETS:
-    tree["data"] = {"data_dir": "", **data_lib.default_options(data["name"]), **data}
-  return json.loads(json.dumps(tree, default=list))
 
 
 def _section(value: Any, key: str) -> dict[str, Any] | None:
@@ -328,8 +263,12 @@ class Config:
     return self.optimizer.get("euclidean", {}).get("learning_rate", 0.0)
 
   def validate(self, *, num_devices: int | None = None, num_processes: int = 1) -> "Config":
-    """Check every key; raise :class:`ConfigError` naming the first bad one."""
-    _check_sections(self)
+    """Check the ranges and choices of the trainer's keys (with ``num_devices``: the mesh
+    and the batch split too); raise :class:`ConfigError` naming the first bad one.
+
+    The registry sections (model, optimizer groups, penalty) and the data are checked by
+    building them (:func:`orthojax.train.program.build_program`), not here.
+    """
     _choice("schedule", self.schedule, SCHEDULES)
     _choice("loss", self.loss, LOSSES)
     _choice("compute_dtype", self.compute_dtype, DTYPES)
@@ -402,48 +341,6 @@ class Config:
                           f"{self.batch_size} must split into that many micro-batches of "
                           f"a multiple of {ways} devices")
     return self
-
-
-# What the trainer supplies to each section's constructor (orthojax.train.model_zoo,
-# orthojax.train.optimizers), so the up-front check does not ask the config for them.
-_MODEL_SUPPLIED = ("rngs", "dtype", "in_features", "out_features", "num_classes", "input_size")
-_OPTIMIZER_SUPPLIED = ("views", "mask", "manifold")   # manifold: the group's, by default
-
-
-def _check_sections(config: Config) -> None:
-  """Names, keywords and required keywords of the registry sections, nothing built."""
-  from orthojax.train import registry  # pylint: disable=g-import-not-at-top  (imports Config)
-  model_supplied = registry.Supplied(dict.fromkeys(_MODEL_SUPPLIED), owned=("rngs",))
-  registry.build("model", config.model, "config.model", model_supplied, check_only=True)
-  opt_supplied = registry.Supplied(dict.fromkeys(_OPTIMIZER_SUPPLIED))
-  if not config.optimizer:
-    raise ConfigError("config.optimizer: no parameter group; name at least the Euclidean "
-                      "one, e.g. {'euclidean': {'name': 'adam', 'learning_rate': 1e-3}}")
-  for group, section in config.optimizer.items():
-    key = f"config.optimizer.{group}"
-    registry.build("optimizer", section, key, opt_supplied, check_only=True)
-    rate = section.get("learning_rate")
-    if isinstance(rate, (int, float)) and not rate > 0:
-      raise ConfigError(f"{key}.learning_rate={rate}: must be > 0")
-  if config.penalty is not None:
-    registry.build("penalty", config.penalty, "config.penalty",
-                   registry.Supplied({"mask": None, "views": None}), check_only=True)
-  if "name" not in config.data:
-    raise ConfigError("config.data.name: missing; a dataset of orthojax.train.data")
-  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
-  name = config.data["name"]
-  if name not in data_lib.DATASETS:
-    raise ConfigError(f"config.data.name={name!r}: unknown; choose one of "
-                      f"{', '.join(data_lib.DATASETS)}")
-  try:
-    data_lib.check_options(name, config.options)
-  except ValueError as e:
-    raise ConfigError(f"config.data: {e}") from None
-  try:
-    data_lib.check_splits(name, config.final_eval_splits)
-  except ValueError as e:
-    raise ConfigError(f"config.final_eval_splits={list(config.final_eval_splits)}: "
-                      f"{e}") from None
 
 
 def _check_mesh(config: Config, num_devices: int) -> None:

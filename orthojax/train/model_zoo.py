@@ -22,10 +22,10 @@ from orthojax.train.config import ConfigError
 
 
 class Flatten(nnx.Module):
-  """``model(scale · x.reshape(batch, -1))`` — for MLP-type models on image data.
+  """``model(scale · x.reshape(batch, -1))`` — for the models whose ``INPUT`` is ``"flat"``.
 
-  ``scale`` (a constant, not trained) is :func:`critical_input_scale` for the
-  critical deep MLP, 1 otherwise.
+  ``scale`` (a constant, not trained) is the model's ``input_scale`` where it has one
+  (:attr:`orthojax.models.DeepMLP.input_scale`, the critical input scale), else 1.
   """
 
   def __init__(self, model: nnx.Module, scale: float = 1.0):
@@ -37,20 +37,6 @@ class Flatten(nnx.Module):
     return self.model(x * self.scale if self.scale != 1.0 else x)
 
 
-def critical_input_scale(q_star: float, sigma_w: float, sigma_b: float) -> float:
-  r"""``c = √(q* − σ_b²) / σ_w``: standardised inputs times ``c`` start at the fixed point.
-
-  The first pre-activation ``h¹ = c·x W⁰ + b⁰`` has variance
-  ``σ_w² c² E[x²] + σ_b²``, which is ``q*`` for inputs of unit mean square
-  (every dataset here is standardised) — the input normalisation of
-  Pennington et al. (2017) and Sokol & Park (2020), so the network is at its
-  fixed point from the first layer on rather than converging to it.
-  """
-  if not q_star > sigma_b ** 2:
-    raise ValueError(f"critical_input_scale: q*={q_star} must exceed sigma_b^2={sigma_b ** 2}")
-  return math.sqrt(q_star - sigma_b ** 2) / sigma_w
-
-
 def _outputs(info: Any) -> int:
   return info.num_classes if info.task == "classification" else 1
 
@@ -60,8 +46,11 @@ def compute_dtype(config: Config) -> Any:
   return jnp.bfloat16 if config.compute_dtype == "bfloat16" else jnp.float32
 
 
-FLAT_INPUT_MODELS = ("MLP", "DeepMLP", "DeepLinear")
-"""Fully connected models: images reach them flattened (:class:`Flatten`)."""
+def input_kind(name: str) -> str | None:
+  """How the model ``name`` takes data, from its ``INPUT`` attribute: ``"flat"``,
+  ``"sequence"`` or ``"image"`` (None: a ``Sequential`` model, which sizes itself)."""
+  _, fn = registry.resolve_name("model", {"name": name}, "config.model")
+  return None if fn is nnx.Sequential else getattr(fn, "INPUT", "image")
 
 
 def build(config: Config, info: Any, rngs: nnx.Rngs) -> nnx.Module:
@@ -77,39 +66,41 @@ def build(config: Config, info: Any, rngs: nnx.Rngs) -> nnx.Module:
     ConfigError: one line naming the ``config.model`` key.
   """
   section = dict(config.model)
-  name = section["name"]
+  kind = input_kind(section.get("name"))
   out = _outputs(info)
   supplied = {"rngs": rngs, "num_classes": out, "out_features": out,
               "dtype": None if config.compute_dtype == "float32" else compute_dtype(config)}
-  if name in FLAT_INPUT_MODELS:
+  if kind == "flat":
     supplied["in_features"] = math.prod(info.input_shape)
-  elif name == "SequenceRNN":
+  elif kind == "sequence":
     if len(info.input_shape) != 2:
-      raise ConfigError(f"config.model.name='SequenceRNN' needs sequence inputs (time, "
+      raise ConfigError(f"config.model.name={section['name']!r} needs sequence inputs (time, "
                         f"features); the dataset gives {info.input_shape}: e.g. "
                         f"config.data={{'name': 'mnist', 'view': 'row'}}")
     supplied["input_size"] = info.input_shape[-1]
-  elif name != "Sequential":
+  elif kind == "image":
     supplied["in_features"] = info.input_shape[-1]    # image channels
   model = registry.build("model", section, "config.model",
                          registry.Supplied(supplied, owned=("rngs",)))
-  if name not in FLAT_INPUT_MODELS:
+  if kind != "flat":
     return model
-  scale = 1.0
-  if name == "DeepMLP" and section.get("q_star"):
-    scale = critical_input_scale(section["q_star"], model.sigma_w, model.sigma_b)
+  try:
+    scale = getattr(model, "input_scale", 1.0)
+  except ValueError as e:
+    raise ConfigError(f"config.model.q_star={section.get('q_star')!r}: {e}") from None
   return Flatten(model, scale)
 
 
-def penalty_mask(config: Config, model: nnx.Module, params: Any) -> Any:
+def penalty_mask(model: nnx.Module, params: Any) -> Any:
   """Which params a soft-orthogonality penalty acts on.
 
-  The RNN experiments (E6) regularise the recurrent kernel only; elsewhere
-  every matrix-view leaf (rank ≥ 2) except GmP angles ``theta``, which are
-  coordinates, not a matrix.
+  Those the model's ``PENALIZED`` attribute names (:attr:`orthojax.models.SequenceRNN.PENALIZED`:
+  the recurrent kernel only); without one, every matrix-view leaf (rank ≥ 2) except
+  GmP angles ``theta``, which are coordinates, not a matrix.
   """
-  if config.model["name"] == "SequenceRNN":
+  names = getattr(model, "PENALIZED", None)
+  if names is not None:
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: "recurrent_kernel" in jax.tree_util.keystr(path), params)
+        lambda path, _: any(f"'{n}'" in jax.tree_util.keystr(path) for n in names), params)
   return jax.tree_util.tree_map_with_path(
       lambda path, x: len(x.shape) >= 2 and "'theta'" not in jax.tree_util.keystr(path), params)

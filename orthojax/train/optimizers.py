@@ -101,6 +101,11 @@ def build(config: Config, *, total_steps: int, labels: Any = None, views: Any = 
                   key=GROUPS.index)
   for group in groups:
     _check_group(config, group, groups)
+  for group in sorted(set(config.optimizer) - set(groups), key=GROUPS.index):
+    # A group the model does not have is still built (and dropped): a bad key in it is an
+    # error here too, not only in the runs of an experiment whose models have the group.
+    _check_section(config, group, groups)
+    _optimizer(group, config, total_steps, {"views": views, "manifold": _default_manifold(group)})
   links = []
   if config.grad_clip_norm:
     links.append(optax.clip_by_global_norm(config.grad_clip_norm))
@@ -113,8 +118,8 @@ def build(config: Config, *, total_steps: int, labels: Any = None, views: Any = 
       txs[group] = _with_l2(_optimizer(group, config, total_steps,
                                        {"views": views, "mask": decay_mask}), config)
     else:
-      default = oj.manifolds.Oblique() if group == "oblique" else oj.manifolds.Stiefel()
-      txs[group] = _optimizer(group, config, total_steps, {"views": views, "manifold": default})
+      txs[group] = _optimizer(group, config, total_steps,
+                              {"views": views, "manifold": _default_manifold(group)})
   links.append(txs["euclidean"] if groups == ["euclidean"] else oj.optim.partition(labels, **txs))
   return optax.chain(*links) if len(links) > 1 else links[0]
 
@@ -130,7 +135,23 @@ def _check_group(config: Config, group: str, groups: list[str]) -> None:
                f"{{'name': 'radam', 'learning_rate': 1e-3, 'manifold': "
                f"{{'name': '{group.capitalize()}'}}}}")
     raise ConfigError(f"{key}: missing; the model's {what} need an optimizer, e.g. {example}")
-  name = section["name"]
+  _check_section(config, group, groups)
+
+
+def _default_manifold(group: str) -> Any:
+  return oj.manifolds.Oblique() if group == "oblique" else oj.manifolds.Stiefel()
+
+
+def _check_section(config: Config, group: str, groups: list[str]) -> None:
+  """The group's optimizer suits its parameters (and the schedule)."""
+  key = f"config.optimizer.{group}"
+  section = config.optimizer[group]
+  rate = section.get("learning_rate")
+  if isinstance(rate, (int, float)) and not rate > 0:
+    raise ConfigError(f"{key}.learning_rate={rate}: must be > 0")
+  name = section.get("name")
+  if name is None:
+    return   # the registry names the missing key when it builds the section
   if group == "euclidean":
     if name in registry.MANIFOLD_OPTIMIZERS:
       hint = ("e.g. config.model.weights='stiefel' for DeepMLP" if groups == ["euclidean"]
@@ -139,6 +160,10 @@ def _check_group(config: Config, group: str, groups: list[str]) -> None:
       raise ConfigError(f"{key}.name={name!r}: a manifold optimizer, for manifold parameters "
                         f"({hint})")
     return
+  if name not in registry.MANIFOLD_OPTIMIZERS:
+    raise ConfigError(f"{key}.name={name!r}: not a manifold optimizer; the group's parameters "
+                      f"are on the {group} manifold and would leave it: use one of "
+                      f"{', '.join(registry.MANIFOLD_OPTIMIZERS)}")
   if config.schedule == "plateau" and name in registry.MANIFOLD_OPTIMIZERS:
     raise ConfigError(f"config.schedule='plateau': not available with the manifold optimizer "
                       f"{key}.name={name!r} (its step is not linear in the learning rate); "

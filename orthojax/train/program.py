@@ -31,6 +31,7 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 
 import orthojax as oj
+from orthojax.train import data as data_lib
 from orthojax.train import losses as losses_lib
 from orthojax.train import mesh as mesh_lib
 from orthojax.train import model_zoo
@@ -133,6 +134,51 @@ class Program:
     size = self.eval_batch_size if eval else self.config.batch_size
     return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=self.batch_sharding)
             for k, (shape, dtype) in self.info.batch_spec(size, eval=eval).items()}
+
+
+def dataset_info(config: Config, *, published: bool = False) -> DatasetInfo:
+  """The dataset ``config.data`` names, as the model sees it (no examples are read).
+
+  ``published``: the catalogue's sizes instead of the prepared files (the pod compile
+  check, :func:`orthojax.train.data.dataset_info`).
+
+  Raises:
+    ConfigError: an unknown dataset, option or ``final_eval_splits`` entry, naming the key.
+    orthojax.train.data.DatasetNotFoundError: the data is not prepared (what to do).
+  """
+  name = config.data.get("name")
+  if name is None:
+    raise ConfigError("config.data.name: missing; a dataset of orthojax.train.data")
+  if name not in data_lib.DATASETS:
+    raise ConfigError(f"config.data.name={name!r}: unknown; choose one of "
+                      f"{', '.join(data_lib.DATASETS)}")
+  try:
+    data_lib.check_options(name, config.options)
+  except ValueError as e:
+    raise ConfigError(f"config.data: {e}") from None
+  try:
+    data_lib.check_splits(name, config.final_eval_splits)
+  except ValueError as e:
+    raise ConfigError(f"config.final_eval_splits={list(config.final_eval_splits)}: "
+                      f"{e}") from None
+  return data_lib.dataset_info(name, data_dir=config.data_dir, published=published,
+                               **config.options)
+
+
+def check(config: Config, *, devices: Sequence[jax.Device] | None = None,
+          num_processes: int | None = None, published: bool = False) -> Program:
+  """Check every key of ``config`` the way the run will: build its program abstractly.
+
+  :func:`dataset_info` (no examples read) and :func:`build_program` (the model by
+  ``nnx.eval_shape``, the optimizer chain, the shardings; nothing compiled, no arrays):
+  a config passes exactly when the run can build it. Seconds for ResNet-50, milliseconds
+  for an MLP.
+
+  Raises:
+    ConfigError: the first bad key, in one line naming it.
+  """
+  return build_program(config, dataset_info(config, published=published), devices=devices,
+                       num_processes=num_processes)
 
 
 def build_program(config: Config, info: DatasetInfo, *,
@@ -240,7 +286,7 @@ def _build_optimizer(config: Config, optimizer: OptimizerArg | None, abstract: A
       labels = None
     return optimizers.build(config, total_steps=total_steps, labels=labels,
                             views=_pure(oj.nn.matrix_views(abs_params)),
-                            penalty_mask=model_zoo.penalty_mask(config, abstract, pure_params))
+                            penalty_mask=model_zoo.penalty_mask(abstract, pure_params))
   if isinstance(optimizer, optax.GradientTransformation):
     return optimizer
   return optimizer(abstract)

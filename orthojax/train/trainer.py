@@ -53,18 +53,18 @@ import jax
 from etils import epath
 
 from orthojax.train import checkpoint as ckpt_lib
-from orthojax.train import data as data_lib
 from orthojax.train import inputs
 from orthojax.train import mesh as mesh_lib
 from orthojax.train import metrics as metrics_lib
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
-from orthojax.train.config import resume_differences
 from orthojax.train.program import CompiledProgram
 from orthojax.train.program import ModelFn
 from orthojax.train.program import OptimizerArg
 from orthojax.train.program import build_program
 from orthojax.train.program import compile_program
+from orthojax.train.program import dataset_info
+from orthojax.train.resume import resume_differences
 from orthojax.train.step import TrainState
 from orthojax.train.workdir_lock import WorkdirLock
 
@@ -178,10 +178,9 @@ def train(config: Config, *, hooks: tuple[Hook, ...] = (),
       message has the step, and no checkpoint is written after it.
   """
   devices = list(jax.devices() if devices is None else devices)
-  config.validate(num_devices=len(devices), num_processes=jax.process_count())
-  info = data_lib.dataset_info(config.data["name"], data_dir=config.data_dir, **config.options)
-  # Built (model and optimizer constructed, abstractly) before the workdir is touched: a
-  # bad section leaves nothing behind.
+  info = dataset_info(config)
+  # Checked by building (model and optimizer constructed, abstractly) before the workdir is
+  # touched: a bad key or section leaves nothing behind.
   program = build_program(config, info, devices=devices, num_processes=jax.process_count())
   with WorkdirLock(config.workdir, print_fn):   # before anything is read or written there
     source = inputs.RegisteredInput(config.data["name"], config.options, config.data_dir)

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
 
+from experiments import _harness
 from experiments import critical_tanh
 from experiments.configs import critical_tanh as config_file
 from orthojax.train import data as data_lib
+from orthojax.train import program
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
 from tests.experiments import _cli
@@ -236,17 +238,22 @@ def test_run_configs_route_the_optimizers():
 
 
 def test_optimizer_checks_name_the_key():
+  """Each run is checked by building it (orthojax.train.program.check), every group of the
+  config included: a bad group is an error whichever networks use it."""
   base = Config.from_dict(config_file.get_config("smoke"))
-  critical_tanh.check_optimizers(base, ["euclidean", "stiefel", "oblique"])
+  run = lambda config, kind: critical_tanh.run_config(config, 0.5, kind, 0)
+  for kind in critical_tanh.WEIGHT_KINDS:
+    program.check(run(base, kind))
   adam = base.replace(optimizer={"stiefel": {"name": "adam"}})
-  with pytest.raises(ConfigError, match=r"config.optimizer.stiefel.name='adam': not a manifold "
-                                        r"optimizer; the stiefel networks of"):
-    critical_tanh.check_optimizers(adam, ["euclidean", "stiefel"])
-  critical_tanh.check_optimizers(adam, ["euclidean"])   # not used by Euclidean networks
+  for kind in ("euclidean", "stiefel"):
+    with pytest.raises(ConfigError, match=r"config.optimizer.stiefel.name='adam': not a "
+                                          r"manifold optimizer; the group's parameters"):
+      program.check(run(adam, kind))
   with pytest.raises(ConfigError, match="config.optimizer.euclidean: missing"):
-    critical_tanh.check_optimizers(base.replace(optimizer={"euclidean": None}), ["stiefel"])
+    program.check(run(base.replace(optimizer={"euclidean": None}), "stiefel"))
   with pytest.raises(ConfigError, match="config.model.q_star=0.5: E5 sets it per run"):
-    critical_tanh.check_per_run_keys(base.replace(model={"q_star": 0.5}))
+    _harness.check_fixed(base.replace(model={"q_star": 0.5}),
+                         critical_tanh.PER_RUN_KEYS, "E5")
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -257,8 +264,7 @@ def test_optimizer_checks_name_the_key():
     # A Stiefel-only optimizer for oblique networks: one line before any training.
     (["--config.optimizer.oblique.name=cayley_adam", "--weight_kinds=euclidean,oblique"],
      "config.optimizer.oblique.name='cayley_adam': Stiefel-only; the group's parameters are "
-     "oblique: use rsgd, radam or projected_gradient (the oblique networks of "
-     "--weight_kinds=euclidean,oblique)"),
+     "oblique: use rsgd, radam or projected_gradient (run q_star="),
     (["--config.euclidean_optimizer.learning_rate=1e-3"],
      "--config.euclidean_optimizer.learning_rate=1e-3: cannot set it (renamed "
      "config.optimizer.euclidean.learning_rate)"),

@@ -7,10 +7,13 @@ import math
 import os
 
 import numpy as np
+import jax
 import pytest
 
+from experiments import _harness
 from experiments import gmp_toys
 from experiments.configs import gmp_toys as gmp_toys_config
+from orthojax.train import program
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
 from tests.experiments import _cli
@@ -143,7 +146,7 @@ def test_runs_set_the_toys_model_data_and_lr_on_the_config_file():
   assert (base.optimizer["euclidean"]["name"], base.schedule, base.spectrum_every, base.log_every) == (
       "adam", "constant", 1, 1000)
   assert _base("smoke").replace(log_every=1000) == base
-  gmp_toys.check_base(base)
+  _check(base)
   options = {"levy": {"num_train": 50, "noise": 0.1, "num_test": 201},
              "banana": {"num_train": 800, "num_test": 200, "noise": 0.1}}
   plan = gmp_toys.plan_runs(base, ["levy", "banana"], ["bn"], [0.1], [3],
@@ -162,20 +165,25 @@ def test_runs_set_the_toys_model_data_and_lr_on_the_config_file():
   assert levy.learning_rate == banana.learning_rate == 0.1 and levy.seed == 3
   assert (levy.mesh.data, levy.mesh.fsdp, levy.mesh.model) == (1, 1, 1)
   for config in (levy, banana):
-    config.validate(num_devices=1)
+    program.check(config, devices=jax.devices()[:1])   # built as the run will be
+
+
+def _check(base):
+  _harness.check_fixed(base, gmp_toys.PER_RUN_KEYS, "E4", gmp_toys.REQUIRED)
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(spectrum_every=0), "config.spectrum_every=0: E4 tracks"),
-    (dict(data={"num_train": 10}), "config.data: {'num_train': 10} — E4 sets its data per toy"),
-    (dict(model={"name": "DeepMLP"}), "config.model.name='DeepMLP': E4 trains"),
-    (dict(model={"hidden": 5}), "config.model.hidden=5: E4 sets it per its toy"),
+    (dict(spectrum_every=0), "config.spectrum_every=0: E4 needs 1"),
+    (dict(data={"num_train": 10}), "config.data.num_train=10: E4 sets it per run"),
+    (dict(model={"name": "DeepMLP"}), "config.model.name='DeepMLP': E4 needs 'MLP'"),
+    (dict(model={"hidden": 5}), "config.model.hidden=5: E4 sets it per run (its toy"),
     (dict(model={"variant": "gmp"}), "config.model.variant='gmp': E4 sets it per run"),
-    (dict(model={"activation": "tanh"}), "config.model.activation='tanh': E4's characteristic"),
+    (dict(model={"activation": "tanh"}), "config.model.activation='tanh': E4 needs 'relu' (the "
+                                         "characteristic points are ReLU kinks)"),
 ])
-def test_check_base_names_the_bad_key(changes, message):
+def test_experiment_rules_name_the_bad_key(changes, message):
   with pytest.raises(ConfigError) as e:
-    gmp_toys.check_base(_base().replace(**changes))
+    _check(_base().replace(**changes))
   assert str(e.value).startswith(message)
 
 
@@ -258,7 +266,7 @@ def test_smoke_flagfile_tracks_every_step_and_reports_beside_the_paper(tmp_path)
 @pytest.mark.parametrize("flag, message", [
     ("--toy_variants=sp,gmp2", "--toy_variants=sp,gmp2: unknown 'gmp2'"),
     ("--toy_lrs=0.1,fast", "--toy_lrs=0.1,fast: 'fast' is not a number"),
-    ("--config.spectrum_every=0", "config.spectrum_every=0: E4 tracks"),
+    ("--config.spectrum_every=0", "config.spectrum_every=0: E4 needs 1"),
     ("--levy_options=num_train=50,bumps=3", "--levy_options=num_train=50,bumps=3: levy: "
                                             "unknown option(s) ['bumps']"),
     ("--levy_batch_size=500", "--levy_batch_size=500: larger than the 50 training examples"),

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import math
 
+import jax
 import pytest
 
+from experiments import _harness
 from experiments import seq_mnist
 from experiments.configs import seq_mnist as seq_mnist_config
 from orthojax.train import metrics as metrics_lib
+from orthojax.train import program
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
 from tests.experiments import _cli
@@ -40,8 +43,7 @@ def test_config_file_variants_mirror_the_old_flagfiles():
   assert _base("pixel").options["view"] == "pixel"
   assert _base("permuted").options["view"] == "permuted"
   for arg in ("", "smoke", "tfds", "pixel", "permuted"):
-    seq_mnist.check_base(_base(arg))
-    _base(arg).validate(num_devices=1)
+    _check(_base(arg))
   with pytest.raises(ValueError, match="tfds|pixel|permuted"):
     seq_mnist_config.get_config("pixle")
 
@@ -62,7 +64,7 @@ def test_variant_configs_set_init_gain_and_penalty():
     assert config.model["hidden"] == 64 and config.learning_rate == 1e-3
     assert config.eval_every == config.spectrum_every == 12
     assert config.final_eval_splits == ("test",)
-    config.validate(num_devices=1)
+    program.check(config, devices=jax.devices()[:1])   # built as the run will be
 
 
 @pytest.mark.parametrize("args, message", [
@@ -79,27 +81,37 @@ def test_parse_flags_names_the_bad_flag(args, message):
   assert seq_mnist.parse_flags(["glorot"], [], 2) == (["glorot"], [])   # no λ needed
 
 
+def _check(base):
+  _harness.check_fixed(base, seq_mnist.PER_RUN_KEYS, "E6", seq_mnist.REQUIRED)
+  seq_mnist.check_epochs(base)
+
+
 @pytest.mark.parametrize("changes, message", [
-    (dict(model={"name": "MLP", "hidden": 64}), "config.model.name='MLP': E6 trains the "
-                                                "sequence RNN"),
-    (dict(data={"name": "digits"}), "config.data.name='digits': E6 is sequential MNIST"),
-    (dict(data={"view": "image"}), "config.data.view='image': E6 needs a sequence view"),
-    (dict(model={"recurrent": "stiefel"}), "config.model.recurrent='stiefel': E6 trains a "
-                                           "Euclidean recurrent kernel"),
+    (dict(model={"name": "MLP", "hidden": 64}), "config.model.name='MLP': E6 needs "
+                                                "'SequenceRNN'"),
+    (dict(data={"name": "digits"}), "config.data.name='digits': E6 needs 'mnist'"),
+    (dict(model={"recurrent": "stiefel"}), "config.model.recurrent='stiefel': E6 needs "
+                                           "'euclidean'"),
     (dict(model={"recurrent_init": "orthogonal"}), "config.model.recurrent_init='orthogonal': "
-                                                   "E6 sets it per variant"),
-    (dict(penalty={"kind": "so", "strength": 0.1}), "config.penalty: E6 sets the penalty per "
-                                                    "variant"),
+                                                   "E6 sets it per run"),
+    (dict(penalty={"kind": "so", "strength": 0.1}), "config.penalty.kind='so': E6 sets it per "
+                                                    "run"),
     (dict(num_epochs=0.0, num_steps=10), "config.num_epochs: E6 trains a whole number of "
                                          "epochs"),
     (dict(num_epochs=1.5), "config.num_epochs: E6 trains a whole number of epochs"),
 ])
-def test_check_base_names_the_bad_key(changes, message):
+def test_experiment_rules_name_the_bad_key(changes, message):
   base = _base()
-  seq_mnist.check_base(base)
+  _check(base)
   with pytest.raises(ConfigError) as e:
-    seq_mnist.check_base(base.replace(**changes))
+    _check(base.replace(**changes))
   assert str(e.value).startswith(message)
+
+
+def test_a_flat_view_fails_when_the_run_is_built():
+  config = seq_mnist.variant_config(_base().replace(data={"view": "flat"}), "glorot", 0.0, 12)
+  with pytest.raises(ConfigError, match="config.model.name='SequenceRNN' needs sequence inputs"):
+    program.check(config, devices=jax.devices()[:1])
 
 
 def test_smoke_flagfile_runs_and_reports(tmp_path, monkeypatch):
@@ -170,7 +182,7 @@ def test_smoke_flagfile_runs_and_reports(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("flag, message", [
     ("--variants=glorot,identity", "--variants=glorot,identity: unknown 'identity'"),
-    ("--config.data.view=image", "config.data.view='image': E6 needs a sequence view"),
+    ("--config.data.view=image", "config.model.name='SequenceRNN' needs sequence inputs"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
   proc = _cli.run("seq_mnist", SMOKE, f"--workdir={tmp_path}", flag, check=False, timeout=120)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import math
 
+import jax
 import pytest
 
+from experiments import _harness
 from experiments import uci
 from experiments.configs import uci as uci_config
+from orthojax.train import program
 from orthojax.train.config import Config
 from tests.experiments import _cli
 
@@ -26,7 +29,7 @@ def test_config_file_is_the_released_recipe():
   assert smoke.replace(num_steps=5000, plateau_patience=50,
                        early_stopping_patience=100) == base
   assert (smoke.num_steps, smoke.plateau_patience, smoke.early_stopping_patience) == (30, 5, 10)
-  uci.check_base(base, 0.1)
+  _harness.check_fixed(base, uci.PER_RUN_KEYS, "E3", uci.REQUIRED)
   plan, missing, _ = uci.runs(base, ["boston"], ["sp", "gmp"], 1, "honest", 0.1)
   assert not missing and [r.name for r in plan] == ["dataset=boston/variant=sp/split=0",
                                                     "dataset=boston/variant=gmp/split=0"]
@@ -38,7 +41,7 @@ def test_config_file_is_the_released_recipe():
   assert (sp.mesh.data, sp.mesh.fsdp, sp.mesh.model) == (1, 1, 1)
   assert sp.batch_size == 324 and sp.final_eval_splits == ("test",)   # 506 − 101 − 81
   for config in (sp, gmp):
-    config.validate(num_devices=1)
+    program.check(config, devices=jax.devices()[:1])   # built as the run will be
 
 
 def test_smoke_flagfile_runs_and_reports_beside_the_paper(tmp_path):

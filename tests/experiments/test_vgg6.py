@@ -124,7 +124,7 @@ def test_missing_imagenet32_stops_with_the_data_modules_message(tmp_path):
     ("--vgg_variants=bn,resnet", "--vgg_variants=bn,resnet: unknown 'resnet'"),
     ("--vgg_batch_sizes=8,big", "--vgg_batch_sizes=8,big: integers expected"),
     ("--config=experiments/configs/e1_resnet50.py:bn,smoke",
-     "config.model.name='ResNet': E2 trains VGG6"),
+     "config.model.name='ResNet': E2 needs 'VGG6'"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
   proc = _cli.run("vgg6_imagenet32", SMOKE, f"--workdir={tmp_path}", flag, check=False,

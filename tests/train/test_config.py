@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import pytest
 
+from orthojax.train import program
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
-from orthojax.train.config import resume_differences
+from orthojax.train.resume import resume_differences
 
 
 def test_sections_are_kept_as_given_and_merged_by_replace():
@@ -55,6 +57,7 @@ def test_resume_refuses_changed_mathematics_and_allows_logistics():
   assert resume_differences({"model": "mlp", "lr": 0.1}, config) == []   # older flat config
 
 
+_ADAM = {"name": "adam", "learning_rate": 1e-3}
 BAD = [
     (dict(num_steps=0), "config.num_steps / config.num_epochs"),
     (dict(num_steps=5, num_epochs=1), "config.num_steps / config.num_epochs"),
@@ -93,11 +96,13 @@ BAD = [
      "config.optimizer.euclidean.name='adagradd'"),
     (dict(optimizer={"euclidean": {"name": "adam", "learning_rate": 1.0, "momentum": 0.9}}),
      "config.optimizer.euclidean.momentum: adam takes no keyword 'momentum'"),
-    (dict(optimizer={"stiefel": {"name": "radam", "learning_rate": 1.0,
-                                 "manifold": {"name": "Stiefel", "retraction": "qrr"}}}),
+    (dict(optimizer={"euclidean": _ADAM, "stiefel": {   # a group the MLP lacks: still built
+        "name": "radam", "learning_rate": 1.0,
+        "manifold": {"name": "Stiefel", "retraction": "qrr"}}}),
      "config.optimizer.stiefel.manifold.retraction='qrr': Stiefel: unknown retraction='qrr'"),
-    (dict(optimizer={"stiefel": {"name": "radam", "learning_rate": 1.0,
-                                 "manifold": {"name": "Stiefel", "metric": "riemann"}}}),
+    (dict(optimizer={"euclidean": _ADAM, "stiefel": {
+        "name": "radam", "learning_rate": 1.0,
+        "manifold": {"name": "Stiefel", "metric": "riemann"}}}),
      "config.optimizer.stiefel.manifold.metric='riemann'"),
     (dict(optimizer={"euclidean": {"learning_rate": 1.0}}),
      "config.optimizer.euclidean.name: missing"),
@@ -105,7 +110,7 @@ BAD = [
      "config.optimizer: one section per parameter group now"),
     (dict(optimizer={"spherical": {"name": "adam", "learning_rate": 1.0}}),
      "config.optimizer.spherical: unknown parameter group; the groups are euclidean, stiefel"),
-    (dict(optimizer={}), "config.optimizer: no parameter group"),
+    (dict(optimizer={}), "config.optimizer.euclidean: missing; the model's parameters off"),
     (dict(penalty={"kind": "l2", "strength": 1.0}), "config.penalty.kind='l2'"),
     (dict(penalty={"kind": "so", "strength": 1.0, "gain": 2.0}), "config.penalty.gain=2.0"),
     (dict(penalty={"kind": "so"}), "config.penalty.strength: add_orthogonality_penalty needs it"),
@@ -121,8 +126,8 @@ def test_bad_config_is_one_line_naming_the_key(changes, fragment):
   if "num_epochs" in changes or changes["num_steps"] == 0:
     pass
   processes = 3 if "processes" in fragment else 1
-  with pytest.raises(ConfigError) as info:
-    Config(**changes).validate(num_devices=8, num_processes=processes)
+  with pytest.raises(ConfigError) as info:   # ranges and choices, then sections by building
+    program.check(Config(**changes), devices=jax.devices()[:8], num_processes=processes)
   message = str(info.value)
   assert message.startswith(fragment) or fragment in message, message
   assert "\n" not in message

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import orthojax as oj
 from orthojax.train import model_zoo
 from orthojax.train.config import Config
 from orthojax.train.data import DatasetInfo
@@ -30,8 +31,33 @@ def test_critical_deep_mlp_inputs_are_scaled_to_q_star(q_star, init):
 
 
 def test_input_scale_needs_q_star_above_bias_variance():
+  mlp = nnx.eval_shape(lambda: oj.models.DeepMLP(4, 2, 8, 2, sigma_w=1.0, sigma_b=0.2,
+                                                 rngs=nnx.Rngs(0)))
+  assert mlp.input_scale == 1.0   # no q_star: inputs as they are
+  mlp.q_star = 0.01
   with pytest.raises(ValueError, match="must exceed sigma_b"):
-    model_zoo.critical_input_scale(0.01, 1.0, 0.2)
+    mlp.input_scale  # pylint: disable=pointless-statement
+
+
+@pytest.mark.parametrize("name, kind", [("MLP", "flat"), ("DeepMLP", "flat"),
+                                        ("DeepLinear", "flat"), ("SequenceRNN", "sequence"),
+                                        ("ResNet", "image"), ("ResNet50", "image"),
+                                        ("VGG6", "image"), ("Sequential", None)])
+def test_input_kind_is_the_models_metadata(name, kind):
+  assert model_zoo.input_kind(name) == kind
+
+
+def test_penalty_mask_follows_the_models_penalized_leaves():
+  rnn = nnx.eval_shape(lambda: oj.models.SequenceRNN(4, 8, rngs=nnx.Rngs(0)))
+  params = nnx.to_pure_dict(nnx.state(rnn, nnx.Param))
+  mask = model_zoo.penalty_mask(rnn, params)
+  on = sorted(jax.tree_util.keystr(p) for p, v in jax.tree_util.tree_leaves_with_path(mask) if v)
+  assert on and all("recurrent_kernel" in p for p in on)
+  mlp = nnx.eval_shape(lambda: oj.models.MLP(3, 5, 1, variant="gmp", rngs=nnx.Rngs(0)))
+  params = nnx.to_pure_dict(nnx.state(mlp, nnx.Param))
+  mask = model_zoo.penalty_mask(mlp, params)
+  flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(mask)}
+  assert not any(v for k, v in flat.items() if "theta" in k)   # angles are not matrices
 
 
 _IMAGE = DatasetInfo(name="fake", task="classification", input_shape=(16, 16, 3), num_classes=10,
