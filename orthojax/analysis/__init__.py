@@ -13,6 +13,10 @@ mean-field theory, spectrum tracking during training, and their plots.
   empirical Fisher; Lanczos or power), :func:`fisher_matvec`,
   :func:`empirical_ntk`, :func:`ntk_eigenvalues` (under MSE the non-zero
   Fisher eigenvalues are the NTK's divided by the batch size).
+* Characteristic points of ReLU units (GmP paper §3.3–3.5):
+  :func:`characteristic_points` (``φ = −λu`` of SP / WN / BN / GmP hidden
+  layers), :class:`CharacteristicPointTracker` (a ``hook(step, model)``
+  recording them and their per-step changes).
 * Mean field (also grouped as :mod:`orthojax.analysis.mean_field`):
   ``q_map``, ``q_star``, ``chi``, ``critical_point``, ``critical_line``
   (from :mod:`orthojax.nn.initializers`), :func:`q_recursion`,
@@ -30,6 +34,8 @@ matplotlib is imported only inside the plotting functions.
 """
 
 from orthojax.analysis import mean_field
+from orthojax.analysis._characteristic import CharacteristicPointTracker
+from orthojax.analysis._characteristic import characteristic_points
 from orthojax.analysis._fisher import FisherEigen
 from orthojax.analysis._fisher import fisher_matvec
 from orthojax.analysis._fisher import fisher_max_eigenvalue
@@ -75,6 +81,7 @@ from orthojax.nn.initializers import q_map
 from orthojax.nn.initializers import q_star
 
 __all__ = [
+    "CharacteristicPointTracker",
     "EigenResult",
     "FisherEigen",
     "JacobianMoments",
@@ -85,6 +92,7 @@ __all__ = [
     "STATS",
     "SV_STATS",
     "SpectralDensity",
+    "characteristic_points",
     "chi",
     "critical_line",
     "critical_point",
