@@ -13,6 +13,13 @@ mean-field theory, spectrum tracking during training, and their plots.
   empirical Fisher; Lanczos or power), :func:`fisher_matvec`,
   :func:`empirical_ntk`, :func:`ntk_eigenvalues` (under MSE the non-zero
   Fisher eigenvalues are the NTK's divided by the batch size).
+* Fisher vs. Jacobian: :func:`isometry_diagnostics` (``λ_max`` of the
+  empirical Fisher and ``σ_max`` of ``J_{x⁰}^{h^g}`` of a
+  :class:`~orthojax.models.DeepMLP` on one batch; Sokol & Park 2020).
+* Characteristic points of ReLU units (GmP paper §3.3–3.5):
+  :func:`characteristic_points` (``φ = −λu`` of SP / WN / BN / GmP hidden
+  layers), :class:`CharacteristicPointTracker` (a ``hook(step, model)``
+  recording them and their per-step changes).
 * Mean field (also grouped as :mod:`orthojax.analysis.mean_field`):
   ``q_map``, ``q_star``, ``chi``, ``critical_point``, ``critical_line``
   (from :mod:`orthojax.nn.initializers`), :func:`q_recursion`,
@@ -30,6 +37,8 @@ matplotlib is imported only inside the plotting functions.
 """
 
 from orthojax.analysis import mean_field
+from orthojax.analysis._characteristic import CharacteristicPointTracker
+from orthojax.analysis._characteristic import characteristic_points
 from orthojax.analysis._fisher import FisherEigen
 from orthojax.analysis._fisher import fisher_matvec
 from orthojax.analysis._fisher import fisher_max_eigenvalue
@@ -38,6 +47,7 @@ from orthojax.analysis._jacobian import JacobianSpectrum
 from orthojax.analysis._jacobian import deep_mlp_hidden_map
 from orthojax.analysis._jacobian import gram_operator
 from orthojax.analysis._jacobian import jacobian_singular_values
+from orthojax.analysis._isometry import isometry_diagnostics
 from orthojax.analysis._lanczos import EigenResult
 from orthojax.analysis._lanczos import LanczosResult
 from orthojax.analysis._lanczos import PowerResult
@@ -75,6 +85,7 @@ from orthojax.nn.initializers import q_map
 from orthojax.nn.initializers import q_star
 
 __all__ = [
+    "CharacteristicPointTracker",
     "EigenResult",
     "FisherEigen",
     "JacobianMoments",
@@ -85,6 +96,7 @@ __all__ = [
     "STATS",
     "SV_STATS",
     "SpectralDensity",
+    "characteristic_points",
     "chi",
     "critical_line",
     "critical_point",
@@ -94,6 +106,7 @@ __all__ = [
     "fisher_max_eigenvalue",
     "gaussian_expectation",
     "gram_operator",
+    "isometry_diagnostics",
     "jacobian_singular_values",
     "jacobian_spectrum_moments",
     "lanczos",
