@@ -401,7 +401,7 @@ class Run:
       also the run's directory ``dataset=boston/variant=gmp/split=3``.
     config: the full training config (its ``workdir`` is set by :func:`execute`).
     devices: devices to train on (None: all). Tiny full-batch runs use one.
-    hooks: ``hook(step, params) -> dict`` called every ``config.spectrum_every`` steps.
+    hooks: ``hook(step, model) -> dict`` on the schedule of ``config.hooks``.
     single: the experiment's only run (E1: one norm per job) trains in the workdir
       itself — ``<workdir>/checkpoints``, ``metrics.jsonl``, ``config.json`` — the
       layout ``experiments.train`` writes, so either entry point resumes the other.

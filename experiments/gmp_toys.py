@@ -11,10 +11,10 @@ options, steps and batch sizes are E4's own flags (``--toys``, ``--toy_*``,
 Protocol. One hidden ReLU layer (100 units on ``levy``, 10 on ``banana``)
 and a dense output layer, under SP, WN, BN and GmP (:class:`orthojax.models.MLP`),
 trained with Adam at every learning rate of ``--toy_lrs`` (0.01 and 0.1).
-After **every** step (``config.spectrum_every=1``, a trainer hook) the hook reads
+After **every** step (``config.hooks.every_steps=1``, a trainer hook) the hook reads
 the hidden layer's parameters and computes each unit's *characteristic point*
 — the point of its activation boundary nearest the origin — and the unit
-direction (:func:`characteristic_points`):
+direction (:func:`orthojax.analysis.characteristic_points`):
 
 * GmP ``z = r·ReLU(u(θ)ᵀx + λ)``: ``φ = −λ·u(θ)`` (paper eq. 9); ``r`` only
   scales the output. In 1-D the direction is a fixed sign (θ ∈ {0, π}).
@@ -144,147 +144,25 @@ _LEVY_LOSS = flags.DEFINE_string("levy_loss", "mae",
                                  "Levy training loss: mae (the released code) or mse.")
 
 
-# -------------------------------------------------- Characteristic points --
-
-def hyperspherical_direction(theta: np.ndarray) -> np.ndarray:
-  """``u(θ)`` (paper eq. 10) for angles ``(units, n − 1)`` -> ``(units, n)``, numpy float64."""
-  theta = np.asarray(theta, np.float64)
-  s, c = np.sin(theta), np.cos(theta)
-  units, k = theta.shape
-  prefix = np.ones((units, k + 1))
-  prefix[:, 1:] = np.cumprod(s, axis=1)           # ∏_{j<i} sin θ_j
-  own = np.concatenate([c, np.ones((units, 1))], axis=1)
-  return prefix * own
-
-
-def characteristic_points(variant: str, hidden: dict[str, Any], *, sign: Any = None,
-                          x_mean: Any = None, x_cov: Any = None,
-                          bn_epsilon: float = BN_EPSILON) -> tuple[np.ndarray, np.ndarray]:
-  """Characteristic points ``φ`` and unit directions of a hidden layer (module docstring).
-
-  Args:
-    variant: ``"sp"``, ``"wn"``, ``"bn"`` or ``"gmp"``.
-    hidden: the hidden unit's parameters as a pure dict — ``{"layer": {...}}``
-      plus ``{"norm": {"scale", "bias"}}`` for BN (``params["model"]["hidden"]``
-      of :class:`orthojax.train.model_zoo.Flatten` around an MLP).
-    sign: GmP with one input: the fixed direction ``(units,)`` of ±1 (a
-      non-trainable variable of the layer).
-    x_mean, x_cov: BN: mean ``(dim,)`` and biased covariance ``(dim, dim)``
-      of the inputs (the batch statistics).
-    bn_epsilon: BN's ε.
-
-  Returns:
-    ``(phi, direction)``, both float64 ``(units, dim)``; ``direction`` has unit rows.
-  """
-  layer = {k: np.asarray(v, np.float64) for k, v in hidden["layer"].items()}
-  if variant == "gmp":
-    lam = layer["lam"]
-    if "theta" in layer:
-      u = hyperspherical_direction(layer["theta"])
-    else:
-      if sign is None:
-        raise ValueError("characteristic_points: GmP with one input needs its fixed sign")
-      u = np.asarray(sign, np.float64).reshape(-1, 1)
-    return -lam[:, None] * u, u
-  kernel = layer["kernel"]                          # (dim, units)
-  if variant == "sp":
-    w, b = kernel, layer["bias"]
-  elif variant == "wn":
-    norm = np.sqrt(np.sum(kernel ** 2, axis=0) + WN_EPSILON)
-    w, b = kernel * (layer["scale"] / norm), layer["bias"]
-  elif variant == "bn":
-    if x_mean is None or x_cov is None:
-      raise ValueError("characteristic_points: BN needs the input mean and covariance")
-    gamma = np.asarray(hidden["norm"]["scale"], np.float64)
-    beta = np.asarray(hidden["norm"]["bias"], np.float64)
-    x_mean, x_cov = np.asarray(x_mean, np.float64), np.asarray(x_cov, np.float64)
-    mu = x_mean @ kernel
-    s = np.sqrt(np.einsum("iu,ij,ju->u", kernel, x_cov, kernel) + bn_epsilon)
-    w, b = kernel * (gamma / s), beta - gamma * mu / s
-  else:
-    raise ValueError(f"unknown variant {variant!r}; valid: {list(VARIANTS)}")
-  w = w.T                                            # (units, dim)
-  sq = np.sum(w ** 2, axis=1)
-  with np.errstate(divide="ignore", invalid="ignore"):
-    phi = -(b / sq)[:, None] * w
-    direction = w / np.sqrt(sq)[:, None]
-  return phi, direction
-
-
-def _angle_deg(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-  return np.degrees(np.arccos(np.clip(np.sum(a * b, axis=1), -1.0, 1.0)))
-
-
-class Tracker:
-  """Trainer hook: characteristic points after every step, and their per-step changes.
-
-  ``hook(step, params) -> {"max_dphi", "max_dangle_deg"}`` (logged to
-  ``metrics.jsonl`` as split ``spectrum``); the whole trajectory stays in
-  memory (``steps``, ``phi``, ``direction``).
-  """
-
-  def __init__(self, variant: str, hidden0: dict[str, Any], **static: Any):
-    self.variant = variant
-    self.static = static
-    phi, direction = characteristic_points(variant, hidden0, **static)
-    self.steps, self.phi, self.direction = [0], [phi], [direction]
-    self.max_dphi: list[float] = []
-    self.max_dangle: list[float] = []
-
-  def __call__(self, step: int, params: Any) -> dict[str, float]:
-    import jax  # pylint: disable=g-import-not-at-top
-    hidden = jax.device_get(params["model"]["hidden"])
-    phi, direction = characteristic_points(self.variant, hidden, **self.static)
-    with np.errstate(invalid="ignore"):
-      dphi = float(np.max(np.linalg.norm(phi - self.phi[-1], axis=1)))
-      dangle = float(np.max(_angle_deg(direction, self.direction[-1])))
-    self.steps.append(int(step))
-    self.phi.append(phi)
-    self.direction.append(direction)
-    self.max_dphi.append(dphi)
-    self.max_dangle.append(dangle)
-    return {"max_dphi": dphi, "max_dangle_deg": dangle}
-
-  def arrays(self) -> dict[str, np.ndarray]:
-    return {"steps": np.asarray(self.steps, np.int64),
-            "phi": np.asarray(self.phi, np.float32),
-            "direction": np.asarray(self.direction, np.float32),
-            "max_dphi": np.asarray(self.max_dphi, np.float64),
-            "max_dangle_deg": np.asarray(self.max_dangle, np.float64)}
-
-
 # -------------------------------------------------------------------- Runs --
 
-def _parse_value(text: str) -> Any:
-  """An option's value: an int, a float, a bool (true / false) or the text itself."""
-  for cast in (int, float):
-    try:
-      return cast(text)
-    except ValueError:
-      pass
-  if text.lower() in ("true", "false"):
-    return text.lower() == "true"
-  return text
-
-
-def parse_options(name: str, pairs: list[str]) -> dict[str, Any]:
-  """``["num_train=50", "noise=0.1"]`` → ``{"num_train": 50, "noise": 0.1}`` (``--{name}``)."""
-  out = {}
+def parse_options(toy: str, pairs: list[str]) -> dict[str, Any]:
+  """``--<toy>_options``: ``["num_train=50", "noise=0.1"]`` → ``{"num_train": 50, "noise": 0.1}``,
+  each value typed as the data set declares its option
+  (:func:`orthojax.train.data.check_options`); a ConfigError naming the flag."""
+  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
+  given = {}
   for pair in pairs:
     key, sep, value = pair.partition("=")
     if not sep or not key:
-      raise ConfigError(f"--{name}={','.join(pairs)}: {pair!r}: expected key=value")
-    out[key] = _parse_value(value)
-  return out
-
-
-def _options(name: str, pairs: list[str]) -> dict[str, Any]:
-  options = parse_options(f"{name}_options", pairs)
-  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
+      raise ConfigError(f"--{toy}_options={','.join(pairs)}: {pair!r}: expected key=value")
+    given[key] = value
   try:
-    data_lib.dataset_info(name, **options)
+    typed = data_lib.check_options(toy, given)
+    options = {k: typed[k] for k in given}
+    data_lib.dataset_info(toy, **options)   # the set's own checks of their values
   except ValueError as e:
-    raise ConfigError(f"--{name}_options={','.join(pairs)}: {e}") from None
+    raise ConfigError(f"--{toy}_options={','.join(pairs)}: {e}") from None
   return options
 
 
@@ -318,7 +196,7 @@ PER_RUN_KEYS = {"model.hidden": "its toy: 100 on Levy, 10 on banana",
                 "data.*": "--levy_options / --banana_options"}
 REQUIRED = {"model.name": ("MLP", "the one-hidden-layer MLP"),
             "model.activation": ("relu", "the characteristic points are ReLU kinks"),
-            "spectrum_every": (1, "the characteristic points are tracked after every step")}
+            "hooks.every_steps": (1, "the characteristic points are tracked after every step")}
 
 
 def plan_runs(base, toys, variants, lrs, seeds, *, steps, batch_sizes, options, levy_loss):
@@ -371,25 +249,20 @@ def _test_set(config) -> dict[str, np.ndarray]:
   return {"x": np.asarray(batch["x"], np.float64), "y": np.asarray(batch["y"])}
 
 
-def make_tracker(run: _harness.Run) -> Tracker:
-  """The hook of ``run``, started from the run's initial parameters."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
+def make_tracker(run: _harness.Run):
+  """The hook of ``run`` (:class:`orthojax.analysis.CharacteristicPointTracker` on the hidden
+  unit), started from the run's initial parameters; BN's points use the training set's
+  input mean and covariance as the batch statistics."""
+  from orthojax import analysis  # pylint: disable=g-import-not-at-top
   from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
   config = run.config
   info = data_lib.dataset_info(config.data["name"], **config.options)
-  model = _model(config, info)
-  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-  rest = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
-  variant = config.model["variant"]
   static: dict[str, Any] = {}
-  if variant == "gmp" and "theta" not in params["model"]["hidden"]["layer"]:
-    static["sign"] = np.asarray(rest["model"]["hidden"]["layer"]["sign"])
-  if variant == "bn":
+  if config.model["variant"] == "bn":
     x = _train_set(config)["x"]
     static["x_mean"] = x.mean(axis=0)
     static["x_cov"] = np.atleast_2d(np.cov(x, rowvar=False, bias=True))
-    static["bn_epsilon"] = config.model.get("epsilon", BN_EPSILON)
-  return Tracker(variant, params["model"]["hidden"], **static)
+  return analysis.CharacteristicPointTracker(_model(config, info), "model.hidden", **static)
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
@@ -398,7 +271,7 @@ def _softmax(z: np.ndarray) -> np.ndarray:
   return e / e.sum(axis=1, keepdims=True)
 
 
-def finish_run(run: _harness.Run, tracker: Tracker, result, run_dir: str) -> dict[str, Any]:
+def finish_run(run: _harness.Run, tracker, result, run_dir: str) -> dict[str, Any]:
   """Save the trajectory and the final fit; the run's E4 numbers (``execute``'s ``extra``)."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
@@ -676,8 +549,8 @@ def main(argv):
     variants = _harness.flag_list("toy_variants", _VARIANTS.value, VARIANTS)
     lrs = _floats("toy_lrs", _LRS.value)
     seeds = _ints("toy_seeds", _SEEDS.value)
-    options = {"levy": _options("levy", _LEVY_OPTIONS.value),
-               "banana": _options("banana", _BANANA_OPTIONS.value)}
+    options = {"levy": parse_options("levy", _LEVY_OPTIONS.value),
+               "banana": parse_options("banana", _BANANA_OPTIONS.value)}
     steps = {"levy": _LEVY_STEPS.value or base.num_steps,
              "banana": _BANANA_STEPS.value or base.num_steps}
     batch = {"levy": _LEVY_BATCH.value or base.batch_size,
@@ -709,7 +582,7 @@ def main(argv):
   start = time.perf_counter()
   print(f"E4 GmP toys: {len(plan)} runs ({', '.join(toys)} × {', '.join(variants)} × lr "
         f"{', '.join(f'{lr:g}' for lr in lrs)} × seeds {', '.join(map(str, seeds))}); "
-        f"characteristic points every {base.spectrum_every} step(s)", flush=True)
+        f"characteristic points every {base.hooks.every_steps} step(s)", flush=True)
   records = [execute(run, base.workdir, verbose=flags.FLAGS.verbose) for run in plan]
   rows = rows_from(records, toys, variants, lrs)
   plots = []
@@ -725,7 +598,7 @@ def main(argv):
       f"{batch[toy]}, lr schedule {base.schedule}, loss {losses[toy]}, data options "
       f"{options[toy]}" for toy in toys]
   notes += [
-      "φ after every step from the params (trainer hook, config.spectrum_every=1); SP/WN: "
+      "φ after every step from the params (trainer hook, config.hooks.every_steps=1); SP/WN: "
       "φ = −b·w/‖w‖² of the effective (w, b); BN: the same for the train-mode affine map "
       "with the training set's input mean/covariance as batch statistics; GmP: φ = −λ·u(θ)",
       "per-step change: max over units of ‖φ_t − φ_{t−1}‖ (Euclidean in 2-D); angle: "

@@ -177,7 +177,7 @@ def variant_config(base, variant: str, strength: float, steps_per_epoch: int):
       "kind": kind, "strength": strength, "gain": gain if kind == "gain_adjusted_so" else 1.0}
   return base.replace(
       model={"recurrent_init": "orthogonal" if orthogonal else "glorot", "gain": gain},
-      penalty=penalty, eval_every=steps_per_epoch, spectrum_every=steps_per_epoch,
+      penalty=penalty, eval_every=steps_per_epoch, hooks={"every_steps": steps_per_epoch},
       log_every=min(base.log_every, steps_per_epoch), final_eval_splits=("test",))
 
 
@@ -212,8 +212,8 @@ def spectrum_hook(steps_per_epoch: int):
   """Recurrent-kernel singular-value statistics, with the epoch, for the trainer's hooks."""
   stats = _recurrent_stats()
 
-  def hook(step, params):
-    values = stats(step, params)
+  def hook(step, model):
+    values = stats(step, model)
     return {"epoch": step / steps_per_epoch, **values} if values else {}
 
   return hook

@@ -8,7 +8,7 @@ Schoenholz & Ganguli (2017): a :class:`~orthojax.models.DeepMLP` of ``depth`` ta
 ``width`` units with orthogonal weights at a critical initialisation. The experiment sets
 per run ``model.q_star`` (each of ``--q_stars``), ``model.weights`` (each of
 ``--weight_kinds``), ``seed`` (``seed``, ``seed + 1``, … for ``--num_seeds``),
-``spectrum_every`` (one epoch: the diagnostics) and ``final_eval_splits`` (``test``); those
+``hooks`` (``--diagnostic_epochs``: the diagnostics) and ``final_eval_splits`` (``test``); those
 keys are not set here.
 
 One optimizer section per parameter group (``config.optimizer.<group>``):

@@ -4,7 +4,7 @@ r"""E4 — GmP characteristic points on 1-D Levy regression and 2-D banana class
     python -m experiments.gmp_toys --flagfile=experiments/flags/gmp_toys.flags --workdir=...
 
 Adam at a constant learning rate, the characteristic points tracked after every step
-(``spectrum_every=1``, a trainer hook). The experiment sets, per run, what its own flags
+(``hooks.every_steps=1``, a trainer hook). The experiment sets, per run, what its own flags
 choose: the toy's data (``--toys``, ``--levy_options``, ``--banana_options``), the model's
 ``hidden`` width (100 on Levy, 10 on banana) and ``variant`` (``--toy_variants``), the
 learning rate (each of ``--toy_lrs`` replaces ``optimizer.euclidean.learning_rate``), the seed
@@ -30,7 +30,7 @@ def get_config(arg: str = ""):
       model=model,
       data={"name": "levy"},   # per toy: --toys, --levy_options, --banana_options
       optimizer={"euclidean": section("optimizer", "adam", learning_rate=0.01)},   # lr: --toy_lrs
-      schedule="constant", spectrum_every=1, log_every=1000, seed=0,
+      schedule="constant", hooks={"every_steps": 1}, log_every=1000, seed=0,
       # Fallbacks of --{levy,banana}_steps / _batch_size (gmp_toys.flags sets both toys').
       num_steps=3000, batch_size=128)
   if arg == "smoke":

@@ -199,10 +199,10 @@ def _spectrum_stats(params: Any, views: Any, mask: Any, per_matrix: bool) -> dic
 def spectrum_hook(every_n: int | None = None, *, views: Any = None, mask: Any = None,
                   per_matrix: bool = False, prefix: str = ""
                   ) -> Callable[[int, Any], dict[str, float]]:
-  r"""A training hook ``hook(step, params) -> dict[str, float]`` logging :func:`spectrum_stats`.
+  r"""A training hook ``hook(step, model) -> dict[str, float]`` logging :func:`spectrum_stats`.
 
-  Matches :func:`orthojax.train.train`'s ``hooks=`` (called every
-  ``--spectrum_every`` steps with the pure-dict ``state.params``; the
+  Matches :func:`orthojax.train.train`'s ``hooks=`` (called on the schedule of
+  ``config.hooks`` with the model; a parameter pytree is accepted too; the
   returned scalars go to the metrics log). :func:`spectrum_stats` is
   compiled once per parameter structure with ``jax.jit``. Per-matrix arrays
   become one scalar per matrix, keyed ``".../per_matrix/<stat>/<i>"``.
@@ -227,7 +227,7 @@ def spectrum_hook(every_n: int | None = None, *, views: Any = None, mask: Any = 
     raise ValueError(f"spectrum_hook: every_n must be a positive int or None, got {every_n!r}")
   compiled = jax.jit(lambda p: spectrum_stats(p, views=views, mask=mask, per_matrix=per_matrix))
 
-  def hook(step: int, params: Any) -> dict[str, float]:
+  def hook(step: int, params: Any) -> dict[str, float]:   # params: a model or a pytree
     if every_n is not None and int(step) % every_n != 0:
       return {}
     params, _ = _params_and_views(params, None)

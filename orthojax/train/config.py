@@ -53,6 +53,7 @@ oblique manifold)."""
 
 # Keys of earlier orthojax versions, and their spelling now (errors name it).
 RENAMED = {
+    "spectrum_every": ("config.hooks.every_steps",),
     "euclidean_optimizer": ("config.optimizer.euclidean",),
     "optimizer.manifold": ("config.optimizer.stiefel.manifold", "config.optimizer.oblique.manifold"),
 }
@@ -83,6 +84,20 @@ class MeshConfig:
   model: int = 1
   num_slices: int = 1
   shard_update: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class HookConfig:
+  """When the trainer calls its hooks (``hook(step, model) -> metrics``), like big_vision's
+  evaluators: every ``every_steps`` steps (0: not by step count), and after the steps that
+  end the given ``epochs`` (``round(epoch · steps_per_epoch)``; epoch 0 is the initial
+  state, before the first update of a fresh run)."""
+
+  every_steps: int = 0
+  epochs: tuple[float, ...] = ()
+
+  def __post_init__(self):
+    object.__setattr__(self, "epochs", tuple(self.epochs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +205,7 @@ class Config:
   # Loop.
   log_every: int = 50
   eval_every: int = 0
-  spectrum_every: int = 0
+  hooks: HookConfig = dataclasses.field(default_factory=HookConfig)
   final_eval_splits: tuple[str, ...] = ()
 
   def __post_init__(self):
@@ -201,6 +216,7 @@ class Config:
     set_("penalty", _section(self.penalty, "penalty"))
     set_("mesh", _dataclass_section(MeshConfig, self.mesh, "mesh"))
     set_("checkpoint", _dataclass_section(CheckpointConfig, self.checkpoint, "checkpoint"))
+    set_("hooks", _dataclass_section(HookConfig, self.hooks, "hooks"))
     set_("decay_boundaries", tuple(self.decay_boundaries))
     set_("final_eval_splits", tuple(self.final_eval_splits))
 
@@ -241,7 +257,7 @@ class Config:
       elif isinstance(value, Mapping) and key in ("model", "data") or (
           isinstance(value, Mapping) and key == "penalty" and old):
         value = {**old, **value}
-      elif isinstance(value, Mapping) and key in ("mesh", "checkpoint"):
+      elif isinstance(value, Mapping) and key in ("mesh", "checkpoint", "hooks"):
         value = {**dataclasses.asdict(old), **value}
       merged[key] = value
     return dataclasses.replace(self, **merged)
@@ -283,7 +299,10 @@ class Config:
     if not isinstance(self.mesh.shard_update, bool):
       raise ConfigError(f"config.mesh.shard_update={self.mesh.shard_update!r}: must be true or "
                         f"false")
-    for name in ("num_steps", "warmup_steps", "eval_every", "spectrum_every",
+    _nonnegative("hooks.every_steps", self.hooks.every_steps)
+    if any(not e >= 0 for e in self.hooks.epochs):
+      raise ConfigError(f"config.hooks.epochs={list(self.hooks.epochs)}: epochs must be >= 0")
+    for name in ("num_steps", "warmup_steps", "eval_every",
                  "early_stopping_patience", "plateau_patience", "num_epochs", "weight_decay",
                  "grad_clip_norm"):
       _nonnegative(name, getattr(self, name))

@@ -77,6 +77,7 @@ class Program:
       checkpoint restores on any device count, with or without ``mesh.shard_update``.
     to_saved: jitted ``state -> state`` in that layout (identity when nothing is sharded).
     from_saved: its inverse, onto ``state_sharding``.
+    graphdef: the model's GraphDef in eval mode (:meth:`model`).
   """
 
   config: Config
@@ -94,6 +95,13 @@ class Program:
   saved_sharding: TrainState
   to_saved: Callable[[TrainState], TrainState]
   from_saved: Callable[[TrainState], TrainState]
+  graphdef: Any = None
+
+  def model(self, state: TrainState) -> nnx.Module:
+    """The model, in eval mode, holding ``state``'s parameters and statistics — what a hook
+    sees. Its arrays are the state's own: valid until the next train step (which donates
+    them); copy what you keep (``jax.device_get``)."""
+    return nnx.merge(self.graphdef, state.params, state.model_state)
 
   @property
   def classification(self) -> bool:
@@ -274,7 +282,8 @@ def build_program(config: Config, info: DatasetInfo, *,
                  total_steps=total_steps, steps_per_epoch=steps_per_epoch, tx=tx,
                  state_sharding=state_sh, init=jax.jit(init, out_shardings=state_sh),
                  train_step=train_step, eval_step=eval_step, step_fn=step_fn,
-                 saved_sharding=saved_sh, to_saved=to_saved, from_saved=from_saved)
+                 saved_sharding=saved_sh, to_saved=to_saved, from_saved=from_saved,
+                 graphdef=graphdef_eval)
 
 
 def _build_optimizer(config: Config, optimizer: OptimizerArg | None, abstract: Any,

@@ -25,10 +25,9 @@ from orthojax.train.config import flatten
 # depend on the total length. Every other key changes the run's mathematics and is
 # refused on resume.
 RESUMABLE_KEYS = ("workdir", "data.data_dir", "log_every", "eval_every", "checkpoint.every_steps",
-                  "checkpoint.keep", "spectrum_every", "final_eval_splits", "eval_batch_size",
-                  "mesh.data", "mesh.fsdp", "mesh.model", "mesh.num_slices", "mesh.shard_update",
-                  "nan_policy",
-                  "max_skipped_fraction", "grad_accum_steps")
+                  "checkpoint.keep", "hooks.every_steps", "hooks.epochs", "final_eval_splits",
+                  "eval_batch_size", "mesh.data", "mesh.fsdp", "mesh.model", "mesh.num_slices",
+                  "mesh.shard_update", "nan_policy", "max_skipped_fraction", "grad_accum_steps")
 LENGTH_KEYS = ("num_steps", "num_epochs")   # resumable with a constant or plateau schedule
 
 
@@ -53,6 +52,8 @@ def migrate(saved: Mapping[str, Any]) -> dict[str, Any]:
   ``euclidean_optimizer``) as parameter groups, the manifold its trainer supplied written
   out, so that a run started before the groups resumes (its mathematics is the same)."""
   saved = dict(saved)
+  if "spectrum_every" in saved:   # the hook schedule's key before config.hooks
+    saved["hooks"] = {"every_steps": saved.pop("spectrum_every"), "epochs": []}
   optimizer = saved.get("optimizer")
   if not isinstance(optimizer, Mapping) or "name" not in optimizer:
     return saved

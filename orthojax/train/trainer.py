@@ -69,6 +69,9 @@ from orthojax.train.step import TrainState
 from orthojax.train.workdir_lock import WorkdirLock
 
 Hook = Callable[[int, Any], dict[str, Any]]
+"""``hook(step, model) -> metrics``: called on ``config.hooks``'s schedule with the model
+(eval mode) holding the state after ``step`` updates (:meth:`Program.model`); its scalars
+go to ``metrics.jsonl`` (split ``spectrum``) — big_vision's evaluators, for measurements."""
 
 # The exit status of a run stopped by preemption (SIGTERM) after saving its
 # checkpoint: sysexits.h's EX_TEMPFAIL, "temporary failure, retry". Schedulers
@@ -167,9 +170,9 @@ def train(config: Config, *, hooks: tuple[Hook, ...] = (),
 
   Args:
     config: the run's (validated here) config.
-    hooks: callables ``hook(step, params) -> dict`` called every
-      ``config.spectrum_every`` steps; their scalars go to the metrics log
-      (e.g. ``oj.analysis`` spectrum tracking).
+    hooks: ``hook(step, model) -> dict`` (:data:`Hook`) on the schedule of
+      ``config.hooks`` (every N steps, at given epochs); their scalars go to the
+      metrics log (e.g. :func:`orthojax.analysis.spectrum_hook`).
     devices: the devices to build the mesh over (default: all).
     print_fn: console output.
 
@@ -213,7 +216,8 @@ def fit(model_fn: ModelFn, optimizer: OptimizerArg, train_data: inputs.TrainSour
     eval_data: batches to evaluate on (``() -> batches`` or a re-iterable; up to
       ``config.eval_batch_size or config.batch_size`` rows per process, padded
       and masked here); None: no evaluation.
-    hooks: ``hook(step, params) -> dict`` every ``config.spectrum_every`` steps.
+    hooks: ``hook(step, model) -> dict`` (:data:`Hook`) every
+      ``config.hooks.every_steps`` steps.
     devices: the devices to build the mesh over (default: all).
 
   Returns:
@@ -225,6 +229,9 @@ def fit(model_fn: ModelFn, optimizer: OptimizerArg, train_data: inputs.TrainSour
   if not config.num_steps:
     raise ConfigError("num_steps: fit() trains for a number of steps; set num_steps > 0 "
                       "(num_epochs needs a registered dataset's size)")
+  if config.hooks.epochs:
+    raise ConfigError("config.hooks.epochs: fit() has no epochs (no dataset size); schedule "
+                      "the hooks with config.hooks.every_steps")
   if eval_data is None and (config.eval_every or config.final_eval_splits
                             or config.restore_best or config.schedule == "plateau"):
     raise ConfigError("eval_data: eval_every / restore_best / plateau / final_eval_splits "
@@ -285,6 +292,7 @@ class Loop:
       path.write_text(json.dumps(config.to_dict(), indent=1))
     self.step = int(jax.device_get(self.state.step))
     self.saved_step = self.step if self.restored else None
+    self.hook_steps = {round(e * program.steps_per_epoch) for e in config.hooks.epochs}
 
   # ------------------------------------------------------ Init or restore --
 
@@ -406,6 +414,8 @@ class Loop:
       self.checkpointer.install_sigterm_handler()
     try:
       batches = self._train_batches()
+      if not self.restored and self._hook_due(0):   # epoch 0: the initial state
+        self._run_hooks(writer)
       start_time = time.perf_counter()
       while self.step < total:
         batch = next(batches, None)
@@ -426,7 +436,7 @@ class Loop:
           if config.nan_policy == "skip":
             values["skipped_steps"] = jax.device_get(self.state.skipped_steps)
           train_metrics = writer.write(self.step, values, "train")
-        if config.spectrum_every and self.step % config.spectrum_every == 0:
+        if self._hook_due(self.step):
           self._run_hooks(writer)
         if config.eval_every and self.step % config.eval_every == 0 and self.step < total:
           if self._eval_and_track(writer):
@@ -460,9 +470,16 @@ class Loop:
                        best_state=self.best_state if config.restore_best else None,
                        split_metrics=split_metrics)
 
+  def _hook_due(self, step: int) -> bool:
+    """Whether ``config.hooks`` schedules the hooks after ``step`` updates."""
+    every = self.config.hooks.every_steps
+    by_steps = bool(every and step and step % every == 0)
+    return bool(self.hooks) and (by_steps or step in self.hook_steps)
+
   def _run_hooks(self, writer: metrics_lib.MetricsWriter) -> None:
+    model = self.program.model(self.state)
     for hook in self.hooks:
-      values = hook(self.step, self.state.params)
+      values = hook(self.step, model)
       if values:   # a hook may measure on its own schedule and return {} between
         writer.write(self.step, values, "spectrum", console=False)
 

@@ -5,16 +5,12 @@ from __future__ import annotations
 import json
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.flatten_util import ravel_pytree
 
 from experiments import _harness
 from experiments import critical_tanh
 from experiments.configs import critical_tanh as config_file
-from orthojax.train import data as data_lib
 from orthojax.train import program
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
@@ -23,50 +19,13 @@ from tests.experiments import _cli
 SMOKE = "--flagfile=experiments/flags/critical_tanh_smoke.flags"
 
 
-@pytest.fixture(scope="module")
-def diagnostics():
-  config = Config(model={"name": "DeepMLP", "depth": 2, "width": 8, "q_star": 0.5,
-                         "init": "orthogonal", "weights": "stiefel"},
-                  data={"name": "digits"}, batch_size=32, num_epochs=1,
-                  optimizer={"stiefel": {"name": "radam", "learning_rate": 1e-3},
-                             "euclidean": {"name": "adam", "learning_rate": 1e-3}}, seed=4)
-  info = data_lib.dataset_info("digits")
-  return critical_tanh.Diagnostics(config, info, batch=16, jacobian_examples=3, lanczos_iters=40)
+# λ_max(F) and σ_max(J) against dense references: tests/analysis/test_isometry.py.
 
-
-def test_fisher_and_jacobian_match_dense_references(diagnostics):
-  d = diagnostics
-  params = d.init_params
-  got = d(params, mse=True)
-  flat, unravel = ravel_pytree(params)
-
-  def losses(theta):   # per-example cross entropy
-    logits = d.apply(unravel(theta), d.x)
-    return -jax.nn.log_softmax(logits)[jnp.arange(len(d.y)), d.y]
-
-  g = np.asarray(jax.jit(jax.jacrev(losses))(flat), np.float64)            # (B, P)
-  empirical = g.T @ g / len(d.y)
-  assert got["fisher_lambda_max"] == pytest.approx(np.linalg.eigvalsh(empirical)[-1], rel=1e-3)
-
-  j_out = np.asarray(jax.jit(jax.jacrev(lambda t: d.apply(unravel(t), d.x)))(flat),
-                     np.float64)
-  gn = np.einsum("bkp,bkq->pq", j_out, j_out) / len(d.y)           # MSE Gauss-Newton
-  assert got["fisher_mse_lambda_max"] == pytest.approx(np.linalg.eigvalsh(gn)[-1], rel=1e-3)
-
-  # J from the *scaled* input x⁰ = c·x to the last hidden layer, per example.
-  mlp = d.model.model
-  jac = jax.jit(jax.vmap(jax.jacfwd(mlp.features)))(d.scale * d.x[:3])       # (3, width, 64)
-  sigmas = np.linalg.svd(np.asarray(jac, np.float64), compute_uv=False)[:, 0]
-  assert got["jacobian_sigma_max"] == pytest.approx(np.mean(sigmas), rel=1e-4)
-  assert got["jacobian_sigma_max_sq"] == pytest.approx(np.mean(np.square(sigmas)), rel=1e-4)
-
-
-def test_hook_measures_only_on_its_epochs(diagnostics):
-  hook = diagnostics.hook(steps_per_epoch=10, epochs={2, 5})
-  params = diagnostics.init_params
-  assert hook(10, params) == {} and hook(25, params) == {}
-  out = hook(20, params)
-  assert out["epoch"] == 2 and out["fisher_lambda_max"] > 0
+def test_runs_schedule_the_diagnostics_hook_on_the_later_epochs():
+  base = Config.from_dict(config_file.get_config("smoke"))
+  runs = critical_tanh.plan(base, [0.5], ["euclidean", "stiefel"], 2, [2, 5])
+  assert all(r.config.hooks.epochs == (2, 5) and r.config.hooks.every_steps == 0 for r in runs)
+  assert [r.config.seed for r in runs] == [base.seed, base.seed + 1] * 2
 
 
 def test_smoke_flagfile_reports_rho_beside_the_paper(tmp_path):

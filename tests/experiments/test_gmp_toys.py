@@ -1,4 +1,4 @@
-"""E4: characteristic points by hand, the smoke flagfile end to end, restart, bad flags."""
+"""E4 (characteristic points: tests/analysis): the config, the smoke flagfile end to end, restart, bad flags."""
 
 from __future__ import annotations
 
@@ -22,119 +22,6 @@ SMOKE = "--flagfile=experiments/flags/gmp_toys_smoke.flags"
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-# ------------------------------------------------------- By hand, in-process --
-
-def _close(actual, expected):
-  np.testing.assert_allclose(actual, np.asarray(expected, np.float64), rtol=1e-12, atol=1e-12)
-
-
-def test_sp_wn_points_by_hand():
-  # SP, 1-D: the kink of ReLU(w x + b) is x = −b/w.
-  phi, d = gmp_toys.characteristic_points(
-      "sp", {"layer": {"kernel": [[2.0, -1.0]], "bias": [1.0, 3.0]}})
-  _close(phi, [[-0.5], [3.0]])
-  _close(d, [[1.0], [-1.0]])
-  # SP, 2-D: w = (3, 4), b = 10 → φ = −b w/‖w‖² = −0.4·(3, 4), on the line wᵀx + b = 0.
-  phi, d = gmp_toys.characteristic_points("sp", {"layer": {"kernel": [[3.0], [4.0]],
-                                                           "bias": [10.0]}})
-  _close(phi, [[-1.2, -1.6]])
-  _close(d, [[0.6, 0.8]])
-  # WN: w = g v/‖v‖. v = 3, g = 2 → w = 2, φ = −4/2; v = (0, 5), g = −1 → w = (0, −1).
-  phi, _ = gmp_toys.characteristic_points("wn", {"layer": {"kernel": [[3.0]], "scale": [2.0],
-                                                           "bias": [4.0]}})
-  _close(phi, [[-2.0]])
-  phi, d = gmp_toys.characteristic_points("wn", {"layer": {"kernel": [[0.0], [5.0]],
-                                                           "scale": [-1.0], "bias": [3.0]}})
-  _close(phi, [[0.0, 3.0]])
-  _close(d, [[0.0, -1.0]])
-
-
-def test_bn_point_by_hand():
-  # z = γ (x w − μ)/s + β with μ = m w = 2, s = sqrt(w² v) = 4 (ε = 0):
-  # 0.5 (2x − 2)/4 + 1 = 0  ⇔  x = −3.
-  hidden = {"layer": {"kernel": [[2.0]]}, "norm": {"scale": [0.5], "bias": [1.0]}}
-  phi, d = gmp_toys.characteristic_points("bn", hidden, x_mean=[1.0], x_cov=[[4.0]],
-                                          bn_epsilon=0.0)
-  _close(phi, [[-3.0]])
-  _close(d, [[1.0]])
-  # A negative γ flips the unit's direction (the active side).
-  hidden["norm"]["scale"] = [-0.5]
-  phi, d = gmp_toys.characteristic_points("bn", hidden, x_mean=[1.0], x_cov=[[4.0]],
-                                          bn_epsilon=0.0)
-  _close(phi, [[5.0]])     # −0.5 (2x − 2)/4 + 1 = 0 ⇔ x = 5
-  _close(d, [[-1.0]])
-
-
-def test_gmp_points_by_hand():
-  # 1-D: fixed sign u ∈ {±1}, φ = −λ u.
-  phi, d = gmp_toys.characteristic_points(
-      "gmp", {"layer": {"lam": [0.5, 2.0], "r": [3.0, -1.0]}}, sign=[1.0, -1.0])
-  _close(phi, [[-0.5], [2.0]])
-  _close(d, [[1.0], [-1.0]])
-  # 2-D: u(θ) = (cos θ, sin θ).
-  phi, d = gmp_toys.characteristic_points(
-      "gmp", {"layer": {"theta": [[math.pi / 2], [0.0]], "lam": [2.0, -1.0], "r": [1.0, 1.0]}})
-  _close(phi, [[0.0, -2.0], [1.0, 0.0]])
-  np.testing.assert_allclose(d, [[0.0, 1.0], [1.0, 0.0]], atol=1e-15)
-  with pytest.raises(ValueError, match="sign"):
-    gmp_toys.characteristic_points("gmp", {"layer": {"lam": [1.0], "r": [1.0]}})
-
-
-def test_hyperspherical_direction_matches_the_library():
-  import jax.numpy as jnp
-  import orthojax as oj
-  theta = np.random.default_rng(0).uniform(0.0, np.pi, (5, 6))
-  ours = gmp_toys.hyperspherical_direction(theta)
-  lib = np.asarray(oj.nn.angles_to_direction(jnp.asarray(theta, jnp.float32), axis=-1))
-  np.testing.assert_allclose(ours, lib, atol=2e-6)
-  np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-12)
-
-
-def test_points_are_on_the_real_layers_boundaries():
-  """φ computed from the parameters zeroes the pre-activation of the actual orthojax layers."""
-  import jax.numpy as jnp
-  from flax import nnx
-  from orthojax.models import MLP
-  rng = np.random.default_rng(1)
-  x = jnp.asarray(rng.normal(size=(64, 2)), jnp.float32)
-  for variant in ("sp", "wn", "bn", "gmp"):
-    model = MLP(2, hidden=5, variant=variant, rngs=nnx.Rngs(3))
-    state = nnx.state(model, nnx.Param)
-    pure = nnx.to_pure_dict(state)
-    pure["hidden"] = {k: {n: (np.asarray(v) + 0.3 * rng.normal(size=np.shape(v))).astype(np.float32)
-                          for n, v in d.items()}
-                      for k, d in pure["hidden"].items()}  # off the init (λ = b = β = 0)
-    nnx.replace_by_pure_dict(state, pure)
-    nnx.update(model, state)
-    params = pure["hidden"]
-    unit = model.hidden
-    xs = np.asarray(x, np.float64)
-    static = {}
-    if variant == "bn":
-      static = dict(x_mean=xs.mean(0), x_cov=np.cov(xs, rowvar=False, bias=True))
-    phi, direction = gmp_toys.characteristic_points(variant, params, **static)
-    probe = jnp.asarray(phi, jnp.float32)
-    if variant == "gmp":
-      # r·ReLU(uᵀx + λ): zero at φ, r·δ a distance δ beyond it along u.
-      delta = 0.25
-      inside = np.asarray(unit.layer(probe + delta * jnp.asarray(direction, jnp.float32)))
-      at = np.asarray(unit.layer(probe))
-      r = np.asarray(unit.layer.r[...])
-      np.testing.assert_allclose(np.diag(at), 0.0, atol=1e-5)
-      np.testing.assert_allclose(np.diag(inside), r * delta, rtol=1e-4, atol=1e-5)
-      continue
-    pre = unit.layer(probe)
-    if variant == "bn":
-      # Train-mode BN on the batch x: put x's statistics in the running averages and
-      # evaluate in eval mode, so the probe sees exactly the batch statistics.
-      z = np.asarray(unit.layer(x), np.float64)
-      unit.norm.mean[...] = jnp.asarray(z.mean(0), jnp.float32)
-      unit.norm.var[...] = jnp.asarray(z.var(0), jnp.float32)
-      model.eval()
-      pre = unit.norm(pre)
-    np.testing.assert_allclose(np.diag(np.asarray(pre)), 0.0, atol=1e-4)
-
-
 # ------------------------------------------------------------ Config, runs --
 
 def _base(arg: str = "") -> Config:
@@ -143,7 +30,8 @@ def _base(arg: str = "") -> Config:
 
 def test_runs_set_the_toys_model_data_and_lr_on_the_config_file():
   base = _base()
-  assert (base.optimizer["euclidean"]["name"], base.schedule, base.spectrum_every, base.log_every) == (
+  assert (base.optimizer["euclidean"]["name"], base.schedule, base.hooks.every_steps,
+          base.log_every) == (
       "adam", "constant", 1, 1000)
   assert _base("smoke").replace(log_every=1000) == base
   _check(base)
@@ -173,7 +61,7 @@ def _check(base):
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(spectrum_every=0), "config.spectrum_every=0: E4 needs 1"),
+    (dict(hooks={"every_steps": 0}), "config.hooks.every_steps=0: E4 needs 1"),
     (dict(data={"num_train": 10}), "config.data.num_train=10: E4 sets it per run"),
     (dict(model={"name": "DeepMLP"}), "config.model.name='DeepMLP': E4 needs 'MLP'"),
     (dict(model={"hidden": 5}), "config.model.hidden=5: E4 sets it per run (its toy"),
@@ -187,12 +75,16 @@ def test_experiment_rules_name_the_bad_key(changes, message):
   assert str(e.value).startswith(message)
 
 
-def test_parse_options_names_the_flag():
-  assert gmp_toys.parse_options("levy_options", ["num_train=50", "noise=0.1", "x=true",
-                                                 "s=a"]) == {"num_train": 50, "noise": 0.1,
-                                                             "x": True, "s": "a"}
-  with pytest.raises(ConfigError, match=r"^--levy_options=num_train: 'num_train': expected"):
-    gmp_toys.parse_options("levy_options", ["num_train"])
+def test_parse_options_types_values_as_the_data_set_declares_them():
+  assert gmp_toys.parse_options("levy", ["num_train=50", "noise=0.1"]) == {"num_train": 50,
+                                                                           "noise": 0.1}
+  assert gmp_toys.parse_options("levy", ["noise=1"]) == {"noise": 1.0}   # a float option
+  for pairs, message in ((["num_train"], r"^--levy_options=num_train: 'num_train': expected"),
+                         (["x=true"], r"^--levy_options=x=true: levy: unknown option"),
+                         (["num_train=0.5"], r"^--levy_options=num_train=0.5: levy: option "
+                                             r"num_train='0.5' should be a int")):
+    with pytest.raises(ConfigError, match=message):
+      gmp_toys.parse_options("levy", pairs)
 
 
 # -------------------------------------------------------------- End to end --
@@ -266,7 +158,7 @@ def test_smoke_flagfile_tracks_every_step_and_reports_beside_the_paper(tmp_path)
 @pytest.mark.parametrize("flag, message", [
     ("--toy_variants=sp,gmp2", "--toy_variants=sp,gmp2: unknown 'gmp2'"),
     ("--toy_lrs=0.1,fast", "--toy_lrs=0.1,fast: 'fast' is not a number"),
-    ("--config.spectrum_every=0", "config.spectrum_every=0: E4 needs 1"),
+    ("--config.hooks.every_steps=0", "config.hooks.every_steps=0: E4 needs 1"),
     ("--levy_options=num_train=50,bumps=3", "--levy_options=num_train=50,bumps=3: levy: "
                                             "unknown option(s) ['bumps']"),
     ("--levy_batch_size=500", "--levy_batch_size=500: larger than the 50 training examples"),

@@ -62,7 +62,7 @@ def test_variant_configs_set_init_gain_and_penalty():
   assert adj.penalty == {"kind": "gain_adjusted_so", "strength": 0.01, "gain": GAIN}
   for config in c.values():
     assert config.model["hidden"] == 64 and config.learning_rate == 1e-3
-    assert config.eval_every == config.spectrum_every == 12
+    assert config.eval_every == config.hooks.every_steps == 12
     assert config.final_eval_splits == ("test",)
     program.check(config, devices=jax.devices()[:1])   # built as the run will be
 

@@ -55,14 +55,14 @@ SCRIPT = textwrap.dedent('''
         yield {"x": x, "y": ((x[:, 0] > 0) + 2 * (x[:, 1] > 0)).astype(np.int32)}
 
     kill_at = int(os.environ.get("KILL_AT", "0"))
-    def hook(step, params):
+    def hook(step, model):
       if step == kill_at:
         os.kill(os.getpid(), signal.SIGKILL)
       return {}
 
     workdir = sys.argv[1]
     config = Config(batch_size=32, num_steps=16, log_every=16, checkpoint={"every_steps": 4},
-                    workdir=workdir, spectrum_every=1)
+                    workdir=workdir, hooks={"every_steps": 1})
     result = fit(Net, optimizer, batches, config, hooks=(hook,))
     np.savez(os.path.join(workdir, "final.npz"),
              **{k: np.asarray(v) for k, v in result.state.params.items() if k != "head"},

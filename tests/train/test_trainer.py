@@ -241,8 +241,8 @@ def test_manifold_weights_train_on_the_manifold_through_the_partition(tmp_path, 
 
 def _preempted_at(step, config, tmp_path, name):
   """Run ``config`` with a SIGTERM sent to this process at ``step`` (a spectrum hook;
-  ``config.spectrum_every`` must be 1), restoring the signal handler afterwards."""
-  def hook(at, params):
+  ``config.hooks.every_steps`` must be 1), restoring the signal handler afterwards."""
+  def hook(at, model):
     if at == step:
       os.kill(os.getpid(), signal.SIGTERM)
     return {}
@@ -256,7 +256,7 @@ def _preempted_at(step, config, tmp_path, name):
 
 def test_sigterm_at_a_checkpoint_step_stops_cleanly_and_resumes(tmp_path):
   """Preemption noticed at a step the periodic save just wrote: one save, a clean stop."""
-  config = _BASE.replace(checkpoint={"every_steps": 2}, spectrum_every=1, num_steps=8)
+  config = _BASE.replace(checkpoint={"every_steps": 2}, hooks={"every_steps": 1}, num_steps=8)
   result = _preempted_at(4, config, tmp_path, "preempted")
   assert result.preempted and result.final_step == 4
   resumed, log = _run(config, tmp_path, "preempted")
@@ -298,7 +298,7 @@ def test_metrics_log_after_resume_reads_as_one_uninterrupted_run(tmp_path):
   planted as a crash would leave it, then resumed, then rerun once finished: the
   log has the uninterrupted run's rows — no duplicates, no stale rows, the
   interval mean at step 8 over steps 5–8 — and one final evaluation."""
-  config = _BASE.replace(checkpoint={"every_steps": 3}, spectrum_every=1, num_steps=12)
+  config = _BASE.replace(checkpoint={"every_steps": 3}, hooks={"every_steps": 1}, num_steps=12)
   _, straight = _run(config, tmp_path, "straight")
   result = _preempted_at(6, config, tmp_path, "resumed")
   assert result.preempted and result.final_step == 6
