@@ -191,9 +191,12 @@ def start(argv: Sequence[str]) -> Config:
   if not fv.config_help:
     distributed.initialize(enabled=fv.distributed, coordinator_address=fv.coordinator_address,
                            num_processes=fv.num_processes, process_id=fv.process_id)
-  import jax  # pylint: disable=g-import-not-at-top  (after distributed start-up)
-  del jax
-  return fail_on_config_error(lambda: config_from_flags(fv).validate())
+  config = fail_on_config_error(lambda: config_from_flags(fv))
+  if fv.config_help and not config.workdir:
+    # --config_help exits in prepare(), before any run writes; os.devnull (not a directory)
+    # makes an accidental write fail loudly rather than leave a directory behind.
+    config = config.replace(workdir=os.devnull)
+  return fail_on_config_error(config.validate)
 
 
 def config_from_flags(fv: flags.FlagValues = flags.FLAGS) -> Config:

@@ -28,6 +28,17 @@ def test_runs_schedule_the_diagnostics_hook_on_the_later_epochs():
   assert [r.config.seed for r in runs] == [base.seed, base.seed + 1] * 2
 
 
+def test_config_help_needs_no_workdir_and_builds_first(tmp_path):
+  proc = _cli.run("critical_tanh", SMOKE, "--config_help", check=False, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "stiefel:" in proc.stdout and "config.optimizer.{euclidean,stiefel,oblique}.name" in (
+      proc.stdout)
+  bad = _cli.run("critical_tanh", SMOKE, "--config_help", "--config.optimizer.stiefel.name=adam",
+                 check=False, timeout=120)
+  assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
+      "error: config.optimizer.stiefel.name='adam': not a manifold optimizer"), bad.stderr
+
+
 def test_smoke_flagfile_reports_rho_beside_the_paper(tmp_path):
   workdir = tmp_path / "e5"
   proc = _cli.run("critical_tanh", SMOKE, f"--workdir={workdir}")
