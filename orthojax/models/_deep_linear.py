@@ -72,8 +72,8 @@ class DeepLinear(nnx.Module):
   INITS = DeepMLP.INITS
   """Accepted ``init`` names (those of :class:`DeepMLP`)."""
   INPUT = "flat"
-  """How the trainer feeds it data: flattened to ``(batch, features)``, ``in_features``
-  their number (:func:`orthojax.train.model_zoo.build`)."""
+  """The form the trainer feeds data in. ``"flat"`` is flattened to ``(batch, features)``,
+  with ``in_features`` their number (``orthojax.train.model_zoo.build``)."""
 
   def __init__(self, depth: int, width: int, in_features: int | None = None,
                out_features: int | None = None, *, init: str = "gaussian", scale: float = 1.0,

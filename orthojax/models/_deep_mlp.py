@@ -196,8 +196,8 @@ class DeepMLP(nnx.Module):
   WEIGHTS = ("euclidean", "stiefel", "oblique")
   """Accepted ``weights`` names: where the hidden weights live."""
   INPUT = "flat"
-  """How the trainer feeds it data: flattened to ``(batch, features)``, ``in_features``
-  their number (:func:`orthojax.train.model_zoo.build`)."""
+  """The form the trainer feeds data in. ``"flat"`` is flattened to ``(batch, features)``,
+  with ``in_features`` their number (``orthojax.train.model_zoo.build``)."""
 
   @property
   def input_scale(self) -> float:
@@ -208,7 +208,7 @@ class DeepMLP(nnx.Module):
     which is ``q*`` for inputs of unit mean square — the input normalisation of
     Pennington et al. (2017) and Sokol & Park (2020, §4), so the network is at its fixed
     point from the first layer on rather than converging to it. The trainer multiplies
-    the (standardised) inputs by it (:class:`orthojax.train.model_zoo.Flatten`).
+    the (standardised) inputs by it (``orthojax.train.model_zoo.Flatten``).
 
     Raises:
       ValueError: ``q* ≤ σ_b²`` (no input scale reaches the fixed point).

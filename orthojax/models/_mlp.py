@@ -71,8 +71,8 @@ class MLP(nnx.Module):
   VARIANTS = ("sp", "wn", "bn", "gmp")
   """Accepted ``variant`` names (GmP paper Table 3 columns)."""
   INPUT = "flat"
-  """How the trainer feeds it data: flattened to ``(batch, features)``, ``in_features``
-  their number (:func:`orthojax.train.model_zoo.build`)."""
+  """The form the trainer feeds data in. ``"flat"`` is flattened to ``(batch, features)``,
+  with ``in_features`` their number (``orthojax.train.model_zoo.build``)."""
 
   def __init__(self, in_features: int, hidden: int = 100, out_features: int = 1, *,
                variant: str = "sp", activation: str | Callable = "relu", dtype: Any = None,

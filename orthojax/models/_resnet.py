@@ -177,8 +177,8 @@ class ResNet(nnx.Module):
   NORMS = ("bn", "wn_mbn", "gmp_imn", "none")
   """Accepted ``norm`` names."""
   INPUT = "image"
-  """How the trainer feeds it data: ``(batch, height, width, channels)``, ``in_features``
-  the channels (:func:`orthojax.train.model_zoo.build`)."""
+  """The form the trainer feeds data in. ``"image"`` is ``(batch, height, width,
+  channels)``, with ``in_features`` the channels (``orthojax.train.model_zoo.build``)."""
 
   def __init__(self, depth: int = 50, norm: str = "bn", num_classes: int = 1000, *,
                in_features: int = 3, dtype: Any = None, param_dtype: Any = jnp.float32,

@@ -88,11 +88,11 @@ class SequenceRNN(nnx.Module):
   RECURRENTS = ("euclidean", "stiefel")
   """Accepted ``recurrent`` names: where the recurrent kernel lives."""
   INPUT = "sequence"
-  """How the trainer feeds it data: ``(batch, time, features)``, ``input_size`` the
-  features (:func:`orthojax.train.model_zoo.build`)."""
+  """The form the trainer feeds data in. ``"sequence"`` is ``(batch, time, features)``,
+  with ``input_size`` the features (``orthojax.train.model_zoo.build``)."""
   PENALIZED = ("recurrent_kernel",)
-  """The parameters a soft-orthogonality penalty acts on: ``W_rec`` only (Hlav, §3), not
-  the input and output kernels."""
+  """The parameters a soft-orthogonality penalty acts on. Here ``W_rec`` only (Hlav, §3),
+  not the input and output kernels."""
 
   def __init__(self, input_size: int, hidden: int = 64, num_classes: int = 10, *,
                recurrent_init: str = "glorot", gain: float = 1.0, recurrent: str = "euclidean",

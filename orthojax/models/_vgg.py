@@ -106,8 +106,8 @@ class VGG6(nnx.Module):
   VARIANTS = Unit.VARIANTS
   """Accepted ``variant`` names (GmP paper Table 2 rows): every :class:`Unit` kind."""
   INPUT = "image"
-  """How the trainer feeds it data: ``(batch, height, width, channels)``, ``in_features``
-  the channels (:func:`orthojax.train.model_zoo.build`)."""
+  """The form the trainer feeds data in. ``"image"`` is ``(batch, height, width,
+  channels)``, with ``in_features`` the channels (``orthojax.train.model_zoo.build``)."""
 
   def __init__(self, variant: str = "gmp_imn", num_classes: int = 1000, *,
                in_features: int = 3, widths: Sequence[int] = (128, 256, 512),

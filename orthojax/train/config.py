@@ -283,7 +283,7 @@ class Config:
     and the batch split too); raise :class:`ConfigError` naming the first bad one.
 
     The registry sections (model, optimizer groups, penalty) and the data are checked by
-    building them (:func:`orthojax.train.program.build_program`), not here.
+    building them (``orthojax.train.program.check``), not here.
     """
     _choice("schedule", self.schedule, SCHEDULES)
     _choice("loss", self.loss, LOSSES)

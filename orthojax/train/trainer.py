@@ -70,7 +70,7 @@ from orthojax.train.workdir_lock import WorkdirLock
 
 Hook = Callable[[int, Any], dict[str, Any]]
 """``hook(step, model) -> metrics``: called on ``config.hooks``'s schedule with the model
-(eval mode) holding the state after ``step`` updates (:meth:`Program.model`); its scalars
+(eval mode) holding the state after ``step`` updates (``Program.model``); its scalars
 go to ``metrics.jsonl`` (split ``spectrum``) — big_vision's evaluators, for measurements."""
 
 # The exit status of a run stopped by preemption (SIGTERM) after saving its
@@ -170,9 +170,9 @@ def train(config: Config, *, hooks: tuple[Hook, ...] = (),
 
   Args:
     config: the run's (validated here) config.
-    hooks: ``hook(step, model) -> dict`` (:data:`Hook`) on the schedule of
-      ``config.hooks`` (every N steps, at given epochs); their scalars go to the
-      metrics log (e.g. :func:`orthojax.analysis.spectrum_hook`).
+    hooks: ``hook(step, model) -> dict`` (:data:`orthojax.train.trainer.Hook`) on
+      the schedule of ``config.hooks`` (every N steps, at given epochs); their scalars
+      go to the metrics log (e.g. :func:`orthojax.analysis.spectrum_hook`).
     devices: the devices to build the mesh over (default: all).
     print_fn: console output.
 
@@ -216,8 +216,8 @@ def fit(model_fn: ModelFn, optimizer: OptimizerArg, train_data: inputs.TrainSour
     eval_data: batches to evaluate on (``() -> batches`` or a re-iterable; up to
       ``config.eval_batch_size or config.batch_size`` rows per process, padded
       and masked here); None: no evaluation.
-    hooks: ``hook(step, model) -> dict`` (:data:`Hook`) every
-      ``config.hooks.every_steps`` steps.
+    hooks: ``hook(step, model) -> dict`` (:data:`orthojax.train.trainer.Hook`)
+      every ``config.hooks.every_steps`` steps.
     devices: the devices to build the mesh over (default: all).
 
   Returns:
