@@ -124,6 +124,14 @@ def build(config: Config, *, total_steps: int, labels: Any = None, views: Any = 
   return optax.chain(*links) if len(links) > 1 else links[0]
 
 
+ORTHOGONALIZED_STEPS = ("muon",)
+"""Euclidean optimizers a manifold group may name: their step is orthogonalized (Muon's
+Newton–Schulz polar factor), the reason to route the group's matrices to them, but not
+a manifold step — the parameters start on the manifold (the group's initialisation) and
+move off it, as in Muon's own use (Jordan et al. 2024). Any other Euclidean optimizer
+there is refused: it would take the parameters off the manifold without a reason."""
+
+
 def _check_group(config: Config, group: str, groups: list[str]) -> None:
   """The group's section exists and suits its parameters."""
   key = f"config.optimizer.{group}"
@@ -160,10 +168,11 @@ def _check_section(config: Config, group: str, groups: list[str]) -> None:
       raise ConfigError(f"{key}.name={name!r}: a manifold optimizer, for manifold parameters "
                         f"({hint})")
     return
-  if name not in registry.MANIFOLD_OPTIMIZERS:
+  if name not in registry.MANIFOLD_OPTIMIZERS + ORTHOGONALIZED_STEPS:
     raise ConfigError(f"{key}.name={name!r}: not a manifold optimizer; the group's parameters "
                       f"are on the {group} manifold and would leave it: use one of "
-                      f"{', '.join(registry.MANIFOLD_OPTIMIZERS)}")
+                      f"{', '.join(registry.MANIFOLD_OPTIMIZERS)} (or "
+                      f"{', '.join(ORTHOGONALIZED_STEPS)} for an orthogonalized step)")
   if config.schedule == "plateau" and name in registry.MANIFOLD_OPTIMIZERS:
     raise ConfigError(f"config.schedule='plateau': not available with the manifold optimizer "
                       f"{key}.name={name!r} (its step is not linear in the learning rate); "
