@@ -179,8 +179,7 @@ def check(config: Config, *, devices: Sequence[jax.Device] | None = None,
 
   :func:`dataset_info` (no examples read) and :func:`build_program` (the model by
   ``nnx.eval_shape``, the optimizer chain, the shardings; nothing compiled, no arrays):
-  a config passes exactly when the run can build it. Seconds for ResNet-50, milliseconds
-  for an MLP.
+  a config passes exactly when the run can build it.
 
   Raises:
     ConfigError: the first bad key, in one line naming it.
