@@ -80,6 +80,7 @@ which follow from ``q*``) is an error. Everything else in the config is as given
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -99,32 +100,36 @@ WEIGHT_KINDS = models.DeepMLP.WEIGHTS
 PAPER_RHO = {"cross_entropy": 0.64, "mse": 0.81}
 
 _harness.define_flags("critical_tanh.py")
-_Q_STARS = flags.DEFINE_list("q_stars", ["0.015625", "0.0009", "0.5", "8"],
-                             "Fixed points q* of the critical initialisations.")
-_KINDS = flags.DEFINE_list("weight_kinds", list(WEIGHT_KINDS),
-                           f"Networks to train: {', '.join(WEIGHT_KINDS)}.")
-_EPOCHS = flags.DEFINE_list("diagnostic_epochs",
-                            ["0", "5", "10", "15", "20", "25", "30", "35", "40", "45", "50",
-                             "100", "200"],
-                            "Epochs at which λ_max(FIM) and σ_max(J) are measured.")
+_Q_STARS = _harness.define_list("q_stars", (0.015625, 0.0009, 0.5, 8),
+                                "Fixed points q* of the critical initialisations.", kind=float,
+                                check=lambda q: q > 0, requirement="must be > 0")
+_KINDS = _harness.define_list("weight_kinds", WEIGHT_KINDS,
+                              f"Networks to train: {', '.join(WEIGHT_KINDS)}.",
+                              choices=WEIGHT_KINDS)
+_EPOCHS = _harness.define_list("diagnostic_epochs",
+                               (0, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 100, 200),
+                               "Epochs at which λ_max(FIM) and σ_max(J) are measured.",
+                               kind=int, check=lambda e: e >= 0, requirement="must be >= 0")
 _DIAG_BATCH = flags.DEFINE_integer("diagnostic_batch", 1000,
-                                   "Training examples of the Fisher batch.")
+                                   "Training examples of the Fisher batch.", lower_bound=1)
 _JAC_EXAMPLES = flags.DEFINE_integer("jacobian_examples", 8,
-                                     "Examples over which σ_max(J) is averaged.")
-_LANCZOS = flags.DEFINE_integer("lanczos_iters", 30, "Lanczos steps for λ_max(FIM).")
+                                     "Examples over which σ_max(J) is averaged.", lower_bound=1)
+_LANCZOS = flags.DEFINE_integer("lanczos_iters", 30, "Lanczos steps for λ_max(FIM).",
+                                lower_bound=1)
 _TRAIN_SEEDS = flags.DEFINE_integer("train_seeds", 0,
                                     "The train stage trains the first this many seeds of each "
                                     "(q*, kind); 0: all --num_seeds. The init stage measures "
-                                    "all of them.")
+                                    "all of them.", lower_bound=0)
 _INCLUDE = flags.DEFINE_list("include_workdirs", [],
                              "Workdirs of finished E5 runs of other kinds of network (each "
                              "trained by its own flagfile, e.g. at its own learning rates) whose "
                              "networks join this report's rows, notes and plots.")
 STAGES = ("init", "train")
-_STAGES = flags.DEFINE_list("stages", list(STAGES),
-                            "init: λ_max(F) and σ_max(J) of every network at initialisation "
-                            "(no training; one file per network under <workdir>/init); train: "
-                            "train every network with the diagnostics hook.")
+_STAGES = _harness.define_list("stages", STAGES,
+                               "init: λ_max(F) and σ_max(J) of every network at initialisation "
+                               "(no training; one file per network under <workdir>/init); "
+                               "train: train every network with the diagnostics hook.",
+                               choices=STAGES)
 
 
 # -------------------------------------------------------------- Diagnostics --
@@ -250,113 +255,97 @@ def included_records(workdirs, own) -> tuple[list[dict[str, Any]], list[str]]:
   return records, notes
 
 
-def main(argv):
-  base = _harness.start(argv)
-  if not base.workdir:
-    _harness.fail("--workdir: the experiment writes its runs and report there")
-  try:
-    q_stars = [float(q) for q in _Q_STARS.value]
-    epochs = sorted({int(e) for e in _EPOCHS.value})
-  except ValueError:
-    _harness.fail(f"--q_stars={','.join(_Q_STARS.value)} / --diagnostic_epochs="
-                  f"{','.join(_EPOCHS.value)}: numbers expected")
-  if not q_stars or any(not q > 0 for q in q_stars):
-    _harness.fail(f"--q_stars={','.join(_Q_STARS.value)}: positive values expected")
-  if any(e < 0 for e in epochs):
-    _harness.fail(f"--diagnostic_epochs={','.join(_EPOCHS.value)}: epochs must be >= 0")
-  kinds = _harness.fail_on_config_error(
-      lambda: _harness.flag_list("weight_kinds", _KINDS.value, WEIGHT_KINDS))
-  stages = _harness.fail_on_config_error(
-      lambda: _harness.flag_list("stages", _STAGES.value, STAGES))
-  _harness.fail_on_config_error(lambda: _harness.check_fixed(base, PER_RUN_KEYS, "E5"))
-  seeds = _harness.fail_on_config_error(lambda: _harness.num_seeds(5))
-  train_seeds = _TRAIN_SEEDS.value or seeds
-  if not 0 < train_seeds <= seeds:
-    _harness.fail(f"--train_seeds={_TRAIN_SEEDS.value}: must be between 1 and --num_seeds "
-                  f"({seeds}), or 0 for all")
-  for name, value in (("diagnostic_batch", _DIAG_BATCH.value),
-                      ("jacobian_examples", _JAC_EXAMPLES.value),
-                      ("lanczos_iters", _LANCZOS.value)):
-    if value < 1:
-      _harness.fail(f"--{name}={value}: must be >= 1")
+class CriticalTanh(_harness.Experiment):
+  """E5: q* × kind × seed; diagnostics at init (stage ``init``) and over training."""
 
-  info = _harness.fail_on_config_error(lambda: data_lib.dataset_info(
-      base.data["name"], data_dir=base.data_dir, published=_harness.compile_only(),
-      **base.options))
-  steps_per_epoch = max(info.num_train // base.batch_size, 1)
-  if _DIAG_BATCH.value > info.num_train:
-    _harness.fail(f"--diagnostic_batch={_DIAG_BATCH.value}: the training split has only "
-                  f"{info.num_train} examples")
-  later = sorted(e for e in epochs if e > 0)   # epoch 0: the init stage's record
-  runs = plan(base, q_stars, kinds, seeds, later)
-  _harness.prepare(runs, base, base.workdir)
-  included, included_notes = _harness.fail_on_config_error(
-      lambda: included_records(_INCLUDE.value, [r.name for r in runs]))
-  print(f"E5 critical tanh: {len(runs)} networks (q* {', '.join(map(_q_label, q_stars))} × "
-        f"{', '.join(kinds)} × {seeds} seeds), depth {base.model['depth']}, width "
-        f"{base.model['width']}, {base.data['name']}, {steps_per_epoch} steps/epoch; "
-        f"stages: {', '.join(stages)}"
-        + (f" (training {train_seeds} seed{'s' * (train_seeds > 1)} of each)"
-           if "train" in stages and train_seeds < seeds else ""), flush=True)
-  start = time.perf_counter()
-  examples = diagnostic_batch(base, _DIAG_BATCH.value)
+  name, label = "critical_tanh", "E5"
+  title = "E5 — deep critical tanh networks: Euclidean vs Stiefel vs oblique (Sokol & Park 2020)"
+  per_run_keys = PER_RUN_KEYS
 
-  init_records = []
-  if "init" in stages:
-    for i, run in enumerate(runs):
-      record = measure_at_init(run, base.workdir, info, examples)
-      init_records.append(record)
-      print(f"  init {i + 1}/{len(runs)} {run.name}: λ_max(F) {record['fisher_lambda_max']:.4g}"
-            f" (MSE {record['fisher_mse_lambda_max']:.4g}), σ_max(J) "
-            f"{record['jacobian_sigma_max']:.4g}, {record['seconds']:.1f} s", flush=True)
-  records = []
-  trained = [r for r in runs if dict(r.tags)["seed"] < train_seeds]
-  for run in (trained if "train" in stages else ()):
-    if epath.Path(_harness.result_path(run, base.workdir)).exists():   # read back
-      records.append(_harness.execute(run, base.workdir, verbose=flags.FLAGS.verbose))
-      continue
+  def check(self, base):
+    seeds = _harness.num_seeds(5)
+    self.train_seeds = _TRAIN_SEEDS.value or seeds
+    if self.train_seeds > seeds:
+      raise ConfigError(f"--train_seeds={_TRAIN_SEEDS.value}: must be between 1 and "
+                        f"--num_seeds ({seeds}), or 0 for all")
 
-    def extra(result, run=run):
-      from orthojax.train import metrics  # pylint: disable=g-import-not-at-top
-      log = metrics.read_jsonl(os.path.join(run.directory(base.workdir), "metrics.jsonl"))
-      first = measure_at_init(run, base.workdir, info, examples)
-      history = [{k: v for k, v in first.items() if k not in ("tags", "seconds")}]
-      history += [r for r in log if r["split"] == "spectrum" and "fisher_lambda_max" in r]
-      train = [(r["step"], r["loss"]) for r in log if r["split"] == "train"]
-      acc = result.split_metrics.get("test", {}).get("top1")
-      return {"diagnostics": history, "train_curve": train,
-              "headline": f"λ_max(F) {history[0]['fisher_lambda_max']:.3g}→"
-                          f"{history[-1]['fisher_lambda_max']:.3g}, σ_max(J) "
-                          f"{history[0]['jacobian_sigma_max']:.3g}, train loss "
-                          f"{result.train_metrics.get('loss', math.nan):.3g}, test top-1 "
-                          f"{acc if acc is not None else math.nan:.3f}"}
+  def plan(self, base, info):
+    self.info, self.steps_per_epoch = info, max(info.num_train // base.batch_size, 1)
+    if _DIAG_BATCH.value > info.num_train:
+      raise ConfigError(f"--diagnostic_batch={_DIAG_BATCH.value}: the training split has only "
+                        f"{info.num_train} examples")
+    self.later = sorted({e for e in _EPOCHS.value if e > 0})   # 0: the init stage's record
+    runs = plan(base, _Q_STARS.value, _KINDS.value, _harness.num_seeds(5), self.later)
+    self.included, self.included_notes = included_records(_INCLUDE.value,
+                                                          [r.name for r in runs])
+    return runs
 
-    run = _harness.Run(run.tags, run.config, hooks=(diagnostics_hook(examples, steps_per_epoch),))
-    records.append(_harness.execute(run, base.workdir, verbose=flags.FLAGS.verbose,
-                                    extra=extra))
-  records += included
-  epoch0 = lambda recs: [{"tags": r["tags"], **r["diagnostics"][0]} for r in recs]
-  init_records = init_records + epoch0(included) if "init" in stages else epoch0(records)
-  all_kinds = [k for k in WEIGHT_KINDS
-               if k in kinds or any(r["tags"]["weights"] == k for r in included)]
-  rows, notes, plots = summarize(init_records, records, q_stars, all_kinds, base.workdir,
-                                 loss_epochs=later, steps_per_epoch=steps_per_epoch)
-  text = lambda g: f"{base.optimizer[g]['name']} lr {base.optimizer[g].get('learning_rate')}"
-  optimizers = ([f"Euclidean networks: {text('euclidean')}"] * ("euclidean" in kinds)
-                + [f"{kind} networks: {text(kind)}, scales/biases/classifier "
-                   f"{text('euclidean')}" for kind in kinds if kind != "euclidean"])
-  training = (f"batch {base.batch_size}, {base.num_epochs or base.num_steps} "
-              f"{'epochs' if base.num_epochs else 'steps'}; {'; '.join(optimizers)}"
-              if "train" in stages else "at initialisation only, no training")
-  notes = [f"{base.data['name']}, depth {base.model['depth']}, width {base.model['width']}, "
-           f"{training}; diagnostics on {_DIAG_BATCH.value} training examples, σ_max(J) over "
-           f"{_JAC_EXAMPLES.value}, {_LANCZOS.value} Lanczos steps for λ_max",
-           *included_notes, *notes]
-  _harness.write_report(base.workdir, experiment="critical_tanh",
-                        title="E5 — deep critical tanh networks: Euclidean vs Stiefel vs oblique "
-                              "(Sokol & Park 2020)",
-                        rows=rows, config=base, notes=notes, plots=plots,
-                        seconds=time.perf_counter() - start)
+  def describe(self, base, runs, info):
+    seeds, train_seeds, stages = _harness.num_seeds(5), self.train_seeds, _STAGES.value
+    return (f"E5 critical tanh: {len(runs)} networks (q* "
+            f"{', '.join(map(_q_label, _Q_STARS.value))} × {', '.join(_KINDS.value)} × {seeds} "
+            f"seeds), depth {base.model['depth']}, width {base.model['width']}, "
+            f"{base.data['name']}, {self.steps_per_epoch} steps/epoch; stages: "
+            f"{', '.join(stages)}"
+            + (f" (training {train_seeds} seed{'s' * (train_seeds > 1)} of each)"
+               if "train" in stages and train_seeds < seeds else ""))
+
+  def train(self, base, runs, info):
+    """The init stage's records (:attr:`init_records`), then the train stage's."""
+    self.examples = diagnostic_batch(base, _DIAG_BATCH.value)
+    self.init_records = []
+    if "init" in _STAGES.value:
+      for i, run in enumerate(runs):
+        record = measure_at_init(run, base.workdir, info, self.examples)
+        self.init_records.append(record)
+        print(f"  init {i + 1}/{len(runs)} {run.name}: λ_max(F) "
+              f"{record['fisher_lambda_max']:.4g} (MSE {record['fisher_mse_lambda_max']:.4g}), "
+              f"σ_max(J) {record['jacobian_sigma_max']:.4g}, {record['seconds']:.1f} s",
+              flush=True)
+    if "train" not in _STAGES.value:
+      return []
+    hook = diagnostics_hook(self.examples, self.steps_per_epoch)
+    return [self.execute(dataclasses.replace(run, hooks=(hook,)), base.workdir)
+            for run in runs if dict(run.tags)["seed"] < self.train_seeds]
+
+  def extra(self, run, result):
+    from orthojax.train import metrics  # pylint: disable=g-import-not-at-top
+    log = metrics.read_jsonl(run.file(run.config.workdir, "metrics.jsonl"))
+    first = measure_at_init(run, run.config.workdir, self.info, self.examples)
+    history = [{k: v for k, v in first.items() if k not in ("tags", "seconds")}]
+    history += [r for r in log if r["split"] == "spectrum" and "fisher_lambda_max" in r]
+    train = [(r["step"], r["loss"]) for r in log if r["split"] == "train"]
+    acc = result.split_metrics.get("test", {}).get("top1")
+    return {"diagnostics": history, "train_curve": train,
+            "headline": f"λ_max(F) {history[0]['fisher_lambda_max']:.3g}→"
+                        f"{history[-1]['fisher_lambda_max']:.3g}, σ_max(J) "
+                        f"{history[0]['jacobian_sigma_max']:.3g}, train loss "
+                        f"{result.train_metrics.get('loss', math.nan):.3g}, test top-1 "
+                        f"{acc if acc is not None else math.nan:.3f}"}
+
+  def summarize(self, base, runs, records, info):
+    stages, kinds, included = _STAGES.value, _KINDS.value, self.included
+    records = [*records, *included]
+    epoch0 = lambda recs: [{"tags": r["tags"], **r["diagnostics"][0]} for r in recs]
+    init_records = (self.init_records + epoch0(included) if "init" in stages
+                    else epoch0(records))
+    all_kinds = [k for k in WEIGHT_KINDS
+                 if k in kinds or any(r["tags"]["weights"] == k for r in included)]
+    rows, notes, plots = summarize(init_records, records, _Q_STARS.value, all_kinds,
+                                   base.workdir, loss_epochs=self.later,
+                                   steps_per_epoch=self.steps_per_epoch)
+    text = lambda g: f"{base.optimizer[g]['name']} lr {base.optimizer[g].get('learning_rate')}"
+    optimizers = ([f"Euclidean networks: {text('euclidean')}"] * ("euclidean" in kinds)
+                  + [f"{kind} networks: {text(kind)}, scales/biases/classifier "
+                     f"{text('euclidean')}" for kind in kinds if kind != "euclidean"])
+    training = (f"batch {base.batch_size}, {base.num_epochs or base.num_steps} "
+                f"{'epochs' if base.num_epochs else 'steps'}; {'; '.join(optimizers)}"
+                if "train" in stages else "at initialisation only, no training")
+    notes = [f"{base.data['name']}, depth {base.model['depth']}, width {base.model['width']}, "
+             f"{training}; diagnostics on {_DIAG_BATCH.value} training examples, σ_max(J) "
+             f"over {_JAC_EXAMPLES.value}, {_LANCZOS.value} Lanczos steps for λ_max",
+             *self.included_notes, *notes]
+    return rows, notes, plots
 
 
 # ------------------------------------------------------------------ Report --
@@ -505,9 +494,7 @@ def summarize(init_records, records, q_stars, kinds, workdir, *, loss_epochs=(),
 def _curves(records, workdir, key, ylabel, name, log=False) -> str:
   """Mean over seeds of ``key`` against epochs (diagnostics) or steps (train loss),
   one line per (weights, q*): one colour per q*, one line style per kind of network."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = _harness.pyplot()
 
   fig, ax = plt.subplots(figsize=(7.5, 4))
   groups: dict[tuple[str, str], list] = {}
@@ -535,4 +522,4 @@ def _curves(records, workdir, key, ylabel, name, log=False) -> str:
 
 
 if __name__ == "__main__":
-  _harness.run(main)
+  _harness.main(CriticalTanh())

@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from typing import Any, Iterable, Sequence
 
 from absl import flags
@@ -89,19 +88,21 @@ PAPER_CLAIM = ("paper (Saxe et al. 2014, plot only — no numbers): epochs to cr
                "Gaussian init")
 
 
-def define_flags() -> None:
-  """The harness's flags (``--config``, default ``experiments/configs/deep_linear.py``)
-  plus E7's own (only when run as a program)."""
-  _harness.define_flags("deep_linear.py")
-  if "depths" in flags.FLAGS:
-    return
-  flags.DEFINE_list("depths", ["2", "4", "8", "16", "32"], "Depths D (number of linear factors).")
-  flags.DEFINE_list("inits", list(INITS), f"Initialisations: {', '.join(INITS)}.")
-  flags.DEFINE_list("loss_thresholds", ["0.5", "0.2"],
-                    "Training-loss thresholds; epochs until the loss first falls to each.")
-  flags.DEFINE_string("lr_scaling", "inverse_depth",
-                      f"{' | '.join(LR_SCALINGS)}: depth-D nets train at "
-                      f"config.optimizer.euclidean.learning_rate / D, or at it.")
+_harness.define_flags("deep_linear.py")
+_DEPTHS = _harness.define_list("depths", (2, 4, 8, 16, 32),
+                               "Depths D (number of linear factors).", kind=int,
+                               check=lambda d: d >= 2, unique=True,
+                               requirement="< 2 (a deep linear net here has at least one "
+                                           "hidden factor and the output factor)")
+_INITS = _harness.define_list("inits", INITS, f"Initialisations: {', '.join(INITS)}.",
+                              choices=INITS)
+_THRESHOLDS = _harness.define_list(
+    "loss_thresholds", (0.5, 0.2),
+    "Training-loss thresholds; epochs until the loss first falls to each.", kind=float,
+    check=lambda t: t > 0 and math.isfinite(t), requirement="must be > 0")
+_LR_SCALING = flags.DEFINE_enum("lr_scaling", "inverse_depth", LR_SCALINGS,
+                                "Depth-D nets train at "
+                                "config.optimizer.euclidean.learning_rate / D, or at it.")
 
 
 # ------------------------------------------------------------ Measurement --
@@ -155,50 +156,7 @@ def _key(threshold: float) -> str:
   return f"{threshold:g}"
 
 
-def _metrics_path(workdir: str, run: _harness.Run) -> str:
-  return os.path.join(run.directory(workdir), "metrics.jsonl")
-
-
 # ------------------------------------------------------------------- Runs --
-
-def parse_flags(depths: Sequence[str], inits: Sequence[str], num_seeds: int,
-                thresholds: Sequence[str], lr_scaling: str
-                ) -> tuple[list[int], list[str], list[float]]:
-  """Check E7's flags; a :class:`ConfigError` naming the first bad one."""
-  if not depths:
-    raise ConfigError("--depths: empty; give depths >= 2, e.g. 2,4,8")
-  parsed_depths = []
-  for d in depths:
-    try:
-      value = int(d)
-    except ValueError:
-      raise ConfigError(f"--depths={','.join(depths)}: {d!r} is not an integer") from None
-    if value < 2:
-      raise ConfigError(f"--depths={','.join(depths)}: {value} < 2 (a deep linear net "
-                        f"here has at least one hidden factor and the output factor)")
-    parsed_depths.append(value)
-  if len(set(parsed_depths)) != len(parsed_depths):
-    raise ConfigError(f"--depths={','.join(depths)}: repeated depth")
-  inits = _harness.flag_list("inits", inits, INITS)
-  if num_seeds < 1:
-    raise ConfigError(f"--num_seeds={num_seeds}: must be >= 1")
-  if not thresholds:
-    raise ConfigError("--loss_thresholds: empty; give positive losses, e.g. 0.5,0.2")
-  parsed_thresholds = []
-  for t in thresholds:
-    try:
-      value = float(t)
-    except ValueError:
-      raise ConfigError(f"--loss_thresholds={','.join(thresholds)}: {t!r} is not a number"
-                        ) from None
-    if not value > 0 or not math.isfinite(value):
-      raise ConfigError(f"--loss_thresholds={','.join(thresholds)}: {t} must be > 0")
-    parsed_thresholds.append(value)
-  if lr_scaling not in LR_SCALINGS:
-    raise ConfigError(f"--lr_scaling={lr_scaling}: unknown; choose one of "
-                      f"{', '.join(LR_SCALINGS)}")
-  return parsed_depths, inits, parsed_thresholds
-
 
 # Keys the experiment sets per run (why), so an override of one would have no effect.
 PER_RUN_KEYS = {
@@ -267,9 +225,7 @@ def rows_from(records: Sequence[dict[str, Any]], depths: Sequence[int], inits: S
 
 def plot_epochs(rows: Sequence[_harness.Row], path: str) -> str:
   """Epochs to threshold vs depth: one line per init (mean ± std), one panel per threshold."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = _harness.pyplot()
 
   metrics = list(dict.fromkeys(r.metric for r in rows))
   fig, axes = plt.subplots(1, len(metrics), squeeze=False, figsize=(4.2 * len(metrics), 3.4))
@@ -296,9 +252,7 @@ def plot_epochs(rows: Sequence[_harness.Row], path: str) -> str:
 def plot_losses(curves: dict[tuple[int, str], list[list[float]]], thresholds: Sequence[float],
                 path: str) -> str:
   """Mean training-loss curves: one panel per init, one line per depth."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = _harness.pyplot()
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   inits = list(dict.fromkeys(init for _, init in curves))
@@ -325,88 +279,82 @@ def plot_losses(curves: dict[tuple[int, str], list[list[float]]], thresholds: Se
 
 # ------------------------------------------------------------------- Main --
 
-def main(argv):
-  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
+class DeepLinear(_harness.Experiment):
+  """E7: depths × inits × seeds; epochs to each loss threshold."""
+
+  name, label = "deep_linear", "E7"
+  title = "E7 — deep linear networks: epochs to a loss threshold vs depth (Saxe et al. 2014)"
+  per_run_keys = PER_RUN_KEYS
+  required = {"model.name": ("DeepLinear", "E7 trains DeepLinear networks")}
+
+  def check(self, base):
+    if not base.model.get("width"):
+      raise ConfigError("config.model.width: the deep linear network's hidden width is needed "
+                        "(e.g. 64)")
+    if not base.num_epochs:
+      raise ConfigError("config.num_epochs: E7 trains full batch for a number of epochs "
+                        "(config.num_steps is not used)")
+
+  def plan(self, base, info):
+    if info.task == "classification" and base.loss != "cross_entropy":
+      raise ConfigError(f"config.loss={base.loss!r}: {base.data['name']} is a classification "
+                        f"set; E7 trains with config.loss='cross_entropy'")
+    return runs(base, _DEPTHS.value, _INITS.value, _harness.num_seeds(5), _LR_SCALING.value,
+                info.num_train)
+
+  def describe(self, base, runs, info):
+    return (f"E7 deep linear: {len(runs)} runs (depths {', '.join(map(str, _DEPTHS.value))} × "
+            f"{', '.join(_INITS.value)} × {_harness.num_seeds(5)} seeds), {base.data['name']} "
+            f"full batch ({info.num_train}), {base.optimizer['euclidean']['name']} lr "
+            f"{base.learning_rate:g}{'/D' if _LR_SCALING.value == 'inverse_depth' else ''}, "
+            f"{base.num_epochs:g} epochs")
+
+  def extra(self, run, result):
+    return run_summary(_log(run), _THRESHOLDS.value)
+
+  def summarize(self, base, runs, records, info):
+    thresholds, curves = _THRESHOLDS.value, {}
+    # Recomputed from the logs, so a rerun with other thresholds needs no retraining.
+    records = [{**record, **run_summary(_log(run), thresholds)}
+               for run, record in zip(runs, records)]
+    for run in runs:
+      steps = {}
+      for r in _log(run):
+        if r.get("split") == "train" and "loss" in r:
+          steps.setdefault(int(r["step"]), float(r["loss"]))
+      curves.setdefault((run.tags[0][1], run.tags[1][1]), []).append(
+          [steps[s] for s in sorted(steps)])
+    rows = rows_from(records, _DEPTHS.value, _INITS.value, thresholds, base.num_epochs)
+    seeds = _harness.num_seeds(5)
+    notes = [
+        PAPER_CLAIM,
+        f"{base.data['name']} ({info.num_train} training examples), full-batch "
+        f"{base.optimizer['euclidean']['name']}, lr {base.learning_rate:g}"
+        + (" / D" if _LR_SCALING.value == "inverse_depth" else " at every depth")
+        + f", {base.loss} loss, width {base.model['width']}, {base.num_epochs:g} epochs max; "
+        f"seeds {base.seed}..{base.seed + seeds - 1}",
+        "epochs = full passes completed when the logged training loss first reached the "
+        "threshold (the loss logged at step s is that of the parameters after s − 1 updates)",
+        "ours differs from the paper: digits/MNIST-subset softmax cross-entropy instead of "
+        "MNIST squared error, a loss (not error) criterion",
+    ]
+    diverged = sum(bool(r.get("diverged")) for r in records)
+    if diverged:
+      notes.append(f"{diverged}/{len(records)} runs produced a non-finite loss at some point "
+                   f"(updates dropped from there; config.nan_policy={base.nan_policy!r})")
+    plots = []
+    if rows and _harness.is_writer():
+      plots.append(plot_epochs(rows, os.path.join(base.workdir, "deep_linear_epochs.png")))
+      plots.append(plot_losses(curves, thresholds,
+                               os.path.join(base.workdir, "deep_linear_loss.png")))
+    return rows, notes, plots
+
+
+def _log(run: _harness.Run) -> list[dict[str, Any]]:
+  """The run's ``metrics.jsonl`` records."""
   from orthojax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
-
-  fv = flags.FLAGS
-  base = _harness.start(argv)
-  num_seeds = _harness.fail_on_config_error(lambda: _harness.num_seeds(5))
-  depths, inits, thresholds = _harness.fail_on_config_error(lambda: parse_flags(
-      fv.depths, fv.inits, num_seeds, fv.loss_thresholds, fv.lr_scaling))
-  if not base.workdir:
-    _harness.fail("--workdir: the experiment writes its runs and report there")
-  if base.model["name"] != "DeepLinear":
-    _harness.fail(f"config.model.name={base.model['name']!r}: E7 trains DeepLinear networks")
-  if not base.model.get("width"):
-    _harness.fail("config.model.width: the deep linear network's hidden width is needed "
-                  "(e.g. 64)")
-  if not base.num_epochs:
-    _harness.fail("config.num_epochs: E7 trains full batch for a number of epochs "
-                  "(config.num_steps is not used)")
-  _harness.fail_on_config_error(lambda: _harness.check_fixed(base, PER_RUN_KEYS, "E7"))
-  dataset = base.data["name"]
-  try:
-    info = data_lib.dataset_info(dataset, data_dir=base.data_dir,
-                                 published=_harness.compile_only(), **base.options)
-  except (ValueError, data_lib.DatasetNotFoundError) as e:
-    _harness.fail(f"config.data.name={dataset!r}: {str(e).splitlines()[0]}")
-  if info.task == "classification" and base.loss != "cross_entropy":
-    _harness.fail(f"config.loss={base.loss!r}: {dataset} is a classification set; "
-                  f"E7 trains with config.loss='cross_entropy'")
-  plan = runs(base, depths, inits, num_seeds, fv.lr_scaling, info.num_train)
-  _harness.prepare(plan, base, base.workdir)
-
-  start = time.perf_counter()
-  print(f"E7 deep linear: {len(plan)} runs (depths {', '.join(map(str, depths))} × "
-        f"{', '.join(inits)} × {num_seeds} seeds), {dataset} full batch "
-        f"({info.num_train}), {base.optimizer['euclidean']['name']} lr {base.learning_rate:g}"
-        f"{'/D' if fv.lr_scaling == 'inverse_depth' else ''}, {base.num_epochs:g} epochs",
-        flush=True)
-  records, curves = [], {}
-  for run in plan:
-    path = _metrics_path(base.workdir, run)
-    extra = lambda _result, path=path: run_summary(metrics_lib.read_jsonl(path), thresholds)
-    record = _harness.execute(run, base.workdir, verbose=fv.verbose, extra=extra)
-    # Recomputed from the log, so a rerun with other thresholds needs no retraining.
-    log = metrics_lib.read_jsonl(path)
-    records.append({**record, **run_summary(log, thresholds)})
-    steps = {}
-    for r in log:
-      if r.get("split") == "train" and "loss" in r:
-        steps.setdefault(int(r["step"]), float(r["loss"]))
-    curves.setdefault((run.tags[0][1], run.tags[1][1]), []).append(
-        [steps[s] for s in sorted(steps)])
-
-  rows = rows_from(records, depths, inits, thresholds, base.num_epochs)
-  notes = [
-      PAPER_CLAIM,
-      f"{dataset} ({info.num_train} training examples), full-batch {base.optimizer['euclidean']['name']}, "
-      f"lr {base.learning_rate:g}"
-      + (" / D" if fv.lr_scaling == "inverse_depth" else " at every depth")
-      + f", {base.loss} loss, width {base.model['width']}, {base.num_epochs:g} epochs max; "
-      f"seeds {base.seed}..{base.seed + num_seeds - 1}",
-      "epochs = full passes completed when the logged training loss first reached the "
-      "threshold (the loss logged at step s is that of the parameters after s − 1 updates)",
-      "ours differs from the paper: digits/MNIST-subset softmax cross-entropy instead of "
-      "MNIST squared error, a loss (not error) criterion",
-  ]
-  diverged = sum(bool(r.get("diverged")) for r in records)
-  if diverged:
-    notes.append(f"{diverged}/{len(records)} runs produced a non-finite loss at some point "
-                 f"(updates dropped from there; config.nan_policy={base.nan_policy!r})")
-  plots = []
-  if rows and _harness.is_writer():
-    plots.append(plot_epochs(rows, os.path.join(base.workdir, "deep_linear_epochs.png")))
-    plots.append(plot_losses(curves, thresholds,
-                             os.path.join(base.workdir, "deep_linear_loss.png")))
-  _harness.write_report(base.workdir, experiment="deep_linear",
-                        title="E7 — deep linear networks: epochs to a loss threshold vs depth "
-                              "(Saxe et al. 2014)",
-                        rows=rows, config=base, notes=notes, plots=plots,
-                        seconds=time.perf_counter() - start)
+  return metrics_lib.read_jsonl(run.file(run.config.workdir, "metrics.jsonl"))
 
 
 if __name__ == "__main__":
-  define_flags()
-  _harness.run(main)
+  _harness.main(DeepLinear())

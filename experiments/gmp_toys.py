@@ -80,7 +80,6 @@ from __future__ import annotations
 import io
 import math
 import os
-import time
 from typing import Any
 
 from absl import flags
@@ -120,28 +119,27 @@ PAPER: dict[tuple[str, str, str, float], tuple[float, str]] = {
 }
 
 _harness.define_flags("gmp_toys.py")
-_TOYS = flags.DEFINE_list("toys", list(TOYS), f"Toy sets: {', '.join(TOYS)}.")
-_VARIANTS = flags.DEFINE_list("toy_variants", list(VARIANTS),
-                              f"Parameterizations: {', '.join(VARIANTS)}.")
-_LRS = flags.DEFINE_list("toy_lrs", ["0.01", "0.1"],
-                         "Adam learning rates; every variant is trained at each.")
-_SEEDS = flags.DEFINE_list("toy_seeds", ["0"], "Training seeds (init and data order).")
-_LEVY_STEPS = flags.DEFINE_integer("levy_steps", 0,
-                                   "Steps of a Levy run; 0 = config.num_steps.")
-_BANANA_STEPS = flags.DEFINE_integer("banana_steps", 0,
-                                     "Steps of a banana run; 0 = config.num_steps.")
-_LEVY_BATCH = flags.DEFINE_integer("levy_batch_size", 0,
-                                   "Levy batch size; 0 = config.batch_size.")
-_BANANA_BATCH = flags.DEFINE_integer("banana_batch_size", 0,
-                                     "Banana batch size; 0 = config.batch_size.")
-_LEVY_OPTIONS = flags.DEFINE_list("levy_options", ["num_train=50", "noise=0.1", "num_test=201"],
-                                  "key=value options of the levy data set.")
-_BANANA_OPTIONS = flags.DEFINE_list("banana_options", ["num_train=800", "num_test=200",
-                                                       "noise=0.1"],
-                                    "key=value options of the banana data set.")
+_TOYS = _harness.define_list("toys", TOYS, f"Toy sets: {', '.join(TOYS)}.", choices=TOYS)
+_VARIANTS = _harness.define_list("toy_variants", VARIANTS,
+                                 f"Parameterizations: {', '.join(VARIANTS)}.", choices=VARIANTS)
+_LRS = _harness.define_list("toy_lrs", (0.01, 0.1),
+                            "Adam learning rates; every variant is trained at each.",
+                            kind=float, check=lambda lr: lr > 0, requirement="must be > 0")
+_SEEDS = _harness.define_list("toy_seeds", (0,), "Training seeds (init and data order).",
+                              kind=int)
+_STEPS = {toy: flags.DEFINE_integer(f"{toy}_steps", 0, f"Steps of a {toy} run; 0 = "
+                                    f"config.num_steps.", lower_bound=0) for toy in TOYS}
+_BATCH = {toy: flags.DEFINE_integer(f"{toy}_batch_size", 0, f"{toy} batch size; 0 = "
+                                    f"config.batch_size.", lower_bound=0) for toy in TOYS}
+_OPTIONS = {"levy": flags.DEFINE_list("levy_options", ["num_train=50", "noise=0.1",
+                                                        "num_test=201"],
+                                      "key=value options of the levy data set."),
+            "banana": flags.DEFINE_list("banana_options", ["num_train=800", "num_test=200",
+                                                            "noise=0.1"],
+                                        "key=value options of the banana data set.")}
 LEVY_LOSSES = ("mae", "mse")
-_LEVY_LOSS = flags.DEFINE_string("levy_loss", "mae",
-                                 "Levy training loss: mae (the released code) or mse.")
+_LEVY_LOSS = flags.DEFINE_enum("levy_loss", "mae", LEVY_LOSSES,
+                               "Levy training loss: mae (the released code) or mse.")
 
 
 # -------------------------------------------------------------------- Runs --
@@ -164,30 +162,6 @@ def parse_options(toy: str, pairs: list[str]) -> dict[str, Any]:
   except ValueError as e:
     raise ConfigError(f"--{toy}_options={','.join(pairs)}: {e}") from None
   return options
-
-
-def _floats(name: str, values: list[str]) -> list[float]:
-  out = []
-  for v in values:
-    try:
-      out.append(float(v))
-    except ValueError:
-      raise ConfigError(f"--{name}={','.join(values)}: {v!r} is not a number") from None
-    if not out[-1] > 0:
-      raise ConfigError(f"--{name}={','.join(values)}: learning rates must be > 0")
-  if not out:
-    raise ConfigError(f"--{name}: empty")
-  return out
-
-
-def _ints(name: str, values: list[str]) -> list[int]:
-  try:
-    out = [int(v) for v in values]
-  except ValueError:
-    raise ConfigError(f"--{name}={','.join(values)}: integers expected") from None
-  if not out:
-    raise ConfigError(f"--{name}: empty")
-  return out
 
 
 # Keys E4 sets per run (why), and the values its science needs.
@@ -316,21 +290,6 @@ def finish_run(run: _harness.Run, tracker, result, run_dir: str) -> dict[str, An
   return {"toy": out}
 
 
-def execute(run: _harness.Run, workdir: str, *, verbose: bool = False) -> dict[str, Any]:
-  """:func:`_harness.execute` with the tracking hook; an unfinished run starts afresh."""
-  run_dir = epath.Path(run.directory(workdir))
-  finished = (run_dir / "result.json").exists()
-  if run_dir.exists() and not finished:
-    run_dir.rmtree()   # a partial trajectory cannot be resumed; toys retrain in seconds
-  tracker = None
-  if not finished:
-    tracker = make_tracker(run)
-  hooked = _harness.Run(tags=run.tags, config=run.config, devices=run.devices,
-                        hooks=(tracker,) if tracker else ())
-  return _harness.execute(hooked, workdir, verbose=verbose,
-                          extra=lambda result: finish_run(run, tracker, result, run_dir))
-
-
 # ----------------------------------------------------------------- Report --
 
 def _value(record: dict[str, Any], metric: str) -> float:
@@ -386,13 +345,6 @@ def rows_from(records: list[dict[str, Any]], toys, variants, lrs) -> list[_harne
 
 # ------------------------------------------------------------------ Plots --
 
-def _plt():
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  return plt
-
-
 def _load(workdir: str, run: _harness.Run) -> dict[str, np.ndarray]:
   data = (epath.Path(run.directory(workdir)) / "trajectory.npz").read_bytes()
   with np.load(io.BytesIO(data)) as z:
@@ -418,7 +370,7 @@ def _limits(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def plot_trajectories(workdir, runs, toy, lrs, variants) -> str:
-  plt = _plt()
+  plt = _harness.pyplot()
   cells = _grid(runs, toy, lrs, variants)
   fig, axes = plt.subplots(len(lrs), len(variants), squeeze=False,
                            figsize=(3.3 * len(variants), 3.0 * len(lrs)))
@@ -456,7 +408,7 @@ def plot_trajectories(workdir, runs, toy, lrs, variants) -> str:
 
 
 def plot_changes(workdir, runs, toy, lrs, variants) -> str:
-  plt = _plt()
+  plt = _harness.pyplot()
   cells = _grid(runs, toy, lrs, variants)
   kinds = [("max_dphi", "max_i |Δφ_i| per step")]
   if toy == "banana":
@@ -485,7 +437,7 @@ def plot_changes(workdir, runs, toy, lrs, variants) -> str:
 
 
 def plot_fits(workdir, runs, toy, lrs, variants, records) -> str:
-  plt = _plt()
+  plt = _harness.pyplot()
   cells = _grid(runs, toy, lrs, variants)
   score = {}
   for r in records:
@@ -541,79 +493,81 @@ def plot_fits(workdir, runs, toy, lrs, variants, records) -> str:
 
 # ------------------------------------------------------------------- Main --
 
-def main(argv):
-  base = _harness.start(argv)
+class GmPToys(_harness.Experiment):
+  """E4: toys × variants × lrs × seeds; characteristic points after every step."""
 
-  def parse():
-    toys = _harness.flag_list("toys", _TOYS.value, TOYS)
-    variants = _harness.flag_list("toy_variants", _VARIANTS.value, VARIANTS)
-    lrs = _floats("toy_lrs", _LRS.value)
-    seeds = _ints("toy_seeds", _SEEDS.value)
-    options = {"levy": parse_options("levy", _LEVY_OPTIONS.value),
-               "banana": parse_options("banana", _BANANA_OPTIONS.value)}
-    steps = {"levy": _LEVY_STEPS.value or base.num_steps,
-             "banana": _BANANA_STEPS.value or base.num_steps}
-    batch = {"levy": _LEVY_BATCH.value or base.batch_size,
-             "banana": _BANANA_BATCH.value or base.batch_size}
-    for toy in toys:
-      for name, value in ((f"{toy}_steps", steps[toy]), (f"{toy}_batch_size", batch[toy])):
-        if value < 0:
-          raise ConfigError(f"--{name}={value}: must be >= 0")
-      if steps[toy] <= 0:
+  name, label = "gmp_toys", "E4"
+  title = "E4 — GmP characteristic points on toy problems (GmP Fig. 2, 3)"
+  per_run_keys, required = PER_RUN_KEYS, REQUIRED
+  reads_base_data = False   # one set per toy
+
+  def check(self, base):
+    from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
+    self.options = {toy: parse_options(toy, _OPTIONS[toy].value) for toy in TOYS}
+    self.steps = {toy: _STEPS[toy].value or base.num_steps for toy in TOYS}
+    self.batch = {toy: _BATCH[toy].value or base.batch_size for toy in TOYS}
+    for toy in _TOYS.value:
+      if self.steps[toy] <= 0:
         raise ConfigError(f"--{toy}_steps: give it or config.num_steps (> 0); E4 trains a "
                           f"fixed number of steps")
-      from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
-      n = data_lib.dataset_info(toy, **options[toy]).num_train
-      if batch[toy] > n:
-        raise ConfigError(f"--{toy}_batch_size={batch[toy]}: larger than the {n} training "
-                          f"examples (--{toy}_options num_train)")
-    _harness.check_fixed(base, PER_RUN_KEYS, "E4", REQUIRED)
-    if _LEVY_LOSS.value not in LEVY_LOSSES:
-      raise ConfigError(f"--levy_loss={_LEVY_LOSS.value}: unknown; choose one of "
-                        f"{', '.join(LEVY_LOSSES)}")
-    return toys, variants, lrs, seeds, options, steps, batch
+      n = data_lib.dataset_info(toy, **self.options[toy]).num_train
+      if self.batch[toy] > n:
+        raise ConfigError(f"--{toy}_batch_size={self.batch[toy]}: larger than the {n} "
+                          f"training examples (--{toy}_options num_train)")
 
-  toys, variants, lrs, seeds, options, steps, batch = _harness.fail_on_config_error(parse)
-  if not base.workdir:
-    _harness.fail("--workdir: the experiment writes its runs, trajectories and report there")
-  plan = plan_runs(base, toys, variants, lrs, seeds, steps=steps, batch_sizes=batch,
-                   options=options, levy_loss=_LEVY_LOSS.value)
-  _harness.prepare(plan, base, base.workdir)
-  start = time.perf_counter()
-  print(f"E4 GmP toys: {len(plan)} runs ({', '.join(toys)} × {', '.join(variants)} × lr "
-        f"{', '.join(f'{lr:g}' for lr in lrs)} × seeds {', '.join(map(str, seeds))}); "
-        f"characteristic points every {base.hooks.every_steps} step(s)", flush=True)
-  records = [execute(run, base.workdir, verbose=flags.FLAGS.verbose) for run in plan]
-  rows = rows_from(records, toys, variants, lrs)
-  plots = []
-  if _harness.is_writer():
-    for toy in toys:
-      plots.append(plot_trajectories(base.workdir, plan, toy, lrs, variants))
-      plots.append(plot_changes(base.workdir, plan, toy, lrs, variants))
-      plots.append(plot_fits(base.workdir, plan, toy, lrs, variants, records))
-  losses = {"levy": _LEVY_LOSS.value, "banana": "cross_entropy"}
-  notes = [
-      f"{toy}: {WIDTH[toy]} hidden ReLU units, {steps[toy]} {base.optimizer['euclidean']['name']} steps "
-      f"of batch "
-      f"{batch[toy]}, lr schedule {base.schedule}, loss {losses[toy]}, data options "
-      f"{options[toy]}" for toy in toys]
-  notes += [
-      "φ after every step from the params (trainer hook, config.hooks.every_steps=1); SP/WN: "
-      "φ = −b·w/‖w‖² of the effective (w, b); BN: the same for the train-mode affine map "
-      "with the training set's input mean/covariance as batch statistics; GmP: φ = −λ·u(θ)",
-      "per-step change: max over units of ‖φ_t − φ_{t−1}‖ (Euclidean in 2-D); angle: "
-      "arccos of consecutive unit directions, degrees",
-      "paper numbers are the claims of §3.5 (Fig. 2c: lr 0.1 for all; Fig. 3i); the fits' "
-      "RMSE/accuracy appear only in the paper's figure images",
-      "differences from the released notebooks: constant lr, no early stopping, float32, our "
-      "banana generator (800/200, raw coordinates) instead of the Rätsch CSV — nearly "
-      "separable at noise 0.1, so banana accuracies do not discriminate",
-  ]
-  _harness.write_report(base.workdir, experiment="gmp_toys",
-                        title="E4 — GmP characteristic points on toy problems (GmP Fig. 2, 3)",
-                        rows=rows, config=base, notes=notes, plots=plots,
-                        seconds=time.perf_counter() - start)
+  def plan(self, base, info):
+    return plan_runs(base, _TOYS.value, _VARIANTS.value, _LRS.value, _SEEDS.value,
+                     steps=self.steps, batch_sizes=self.batch, options=self.options,
+                     levy_loss=_LEVY_LOSS.value)
+
+  def describe(self, base, runs, info):
+    return (f"E4 GmP toys: {len(runs)} runs ({', '.join(_TOYS.value)} × "
+            f"{', '.join(_VARIANTS.value)} × lr {', '.join(f'{lr:g}' for lr in _LRS.value)} × "
+            f"seeds {', '.join(map(str, _SEEDS.value))}); characteristic points every "
+            f"{base.hooks.every_steps} step(s)")
+
+  def execute(self, run, workdir):
+    """With the tracking hook; an unfinished run starts afresh (a partial trajectory
+    cannot be resumed; toys retrain in seconds)."""
+    run_dir = epath.Path(run.directory(workdir))
+    finished = (run_dir / "result.json").exists()
+    if run_dir.exists() and not finished:
+      run_dir.rmtree()
+    tracker = None if finished else make_tracker(run)
+    hooked = _harness.Run(tags=run.tags, config=run.config, devices=run.devices,
+                          hooks=(tracker,) if tracker else ())
+    return _harness.execute(hooked, workdir, verbose=flags.FLAGS.verbose,
+                            extra=lambda result: finish_run(run, tracker, result, run_dir))
+
+  def summarize(self, base, runs, records, info):
+    toys, variants, lrs = _TOYS.value, _VARIANTS.value, _LRS.value
+    rows = rows_from(records, toys, variants, lrs)
+    plots = []
+    if _harness.is_writer():
+      for toy in toys:
+        plots.append(plot_trajectories(base.workdir, runs, toy, lrs, variants))
+        plots.append(plot_changes(base.workdir, runs, toy, lrs, variants))
+        plots.append(plot_fits(base.workdir, runs, toy, lrs, variants, records))
+    losses = {"levy": _LEVY_LOSS.value, "banana": "cross_entropy"}
+    notes = [
+        f"{toy}: {WIDTH[toy]} hidden ReLU units, {self.steps[toy]} "
+        f"{base.optimizer['euclidean']['name']} steps of batch {self.batch[toy]}, lr schedule "
+        f"{base.schedule}, loss {losses[toy]}, data options {self.options[toy]}"
+        for toy in toys]
+    notes += [
+        "φ after every step from the params (trainer hook, config.hooks.every_steps=1); SP/WN: "
+        "φ = −b·w/‖w‖² of the effective (w, b); BN: the same for the train-mode affine map "
+        "with the training set's input mean/covariance as batch statistics; GmP: φ = −λ·u(θ)",
+        "per-step change: max over units of ‖φ_t − φ_{t−1}‖ (Euclidean in 2-D); angle: "
+        "arccos of consecutive unit directions, degrees",
+        "paper numbers are the claims of §3.5 (Fig. 2c: lr 0.1 for all; Fig. 3i); the fits' "
+        "RMSE/accuracy appear only in the paper's figure images",
+        "differences from the released notebooks: constant lr, no early stopping, float32, our "
+        "banana generator (800/200, raw coordinates) instead of the Rätsch CSV — nearly "
+        "separable at noise 0.1, so banana accuracies do not discriminate",
+    ]
+    return rows, notes, plots
 
 
 if __name__ == "__main__":
-  _harness.run(main)
+  _harness.main(GmPToys())

@@ -58,10 +58,7 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from typing import Any, Sequence
-
-from absl import flags
 
 from experiments import _harness
 from orthojax import models
@@ -132,18 +129,6 @@ def plot_titles(model: str, norm: str, dataset: str) -> tuple[str, str]:
           f"E1 {model} {norm} on {data}: evaluation over training")
 
 
-def check_data(config) -> Any:
-  """The dataset's info, or stop with the data module's message (manual download …)."""
-  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
-  try:
-    return data_lib.dataset_info(config.data["name"], data_dir=config.data_dir,
-                                 published=_harness.compile_only(), **config.options)
-  except data_lib.DatasetNotFoundError as e:
-    _harness.fail(str(e))
-  except ValueError as e:
-    _harness.fail(f"config.data.name={config.data['name']!r}: {e}")
-
-
 # -------------------------------------------------------------------- Main --
 
 def rows_from(record: dict[str, Any], model: str, variant: str, batch: int,
@@ -162,73 +147,74 @@ def rows_from(record: dict[str, Any], model: str, variant: str, batch: int,
   return rows
 
 
-REQUIRED = {"model.name": ("ResNet", "a ResNet of config.model.depth 18, 34, 50 or 101")}
+class ResNet50(_harness.Experiment):
+  """E1: one norm per job, one run in the workdir itself."""
 
+  name, label = "resnet50", "E1"
+  title = "E1 — ResNet-50 on ImageNet (GmP Table 1)"
+  required = {"model.name": ("ResNet", "a ResNet of config.model.depth 18, 34, 50 or 101")}
 
-def main(argv):
-  base = _harness.start(argv)
-  _harness.fail_on_config_error(lambda: _harness.check_fixed(base, {}, "E1", REQUIRED))
-  norm = base.model["norm"]
-  model = f"resnet{base.model['depth']}"
-  dataset = base.data["name"]
-  run = _harness.Run(tags=(("model", model), ("variant", norm)), config=base, single=True)
-  if not base.workdir and not _harness.compile_only():
-    _harness.fail("--workdir: the run's checkpoints, metrics and report go there")
-  _harness.prepare([run], base, base.workdir)
-  info = check_data(base)
-  per_epoch = max(info.num_train // base.batch_size, 1)
-  if base.schedule == "plateau" and base.eval_every != per_epoch:
-    print(f"Note: config.eval_every={base.eval_every} but one epoch is {per_epoch} steps; the "
-          f"plateau / early-stopping patience counts evaluations, not epochs", flush=True)
-  comparable = (model == "resnet50" and dataset == "imagenet2012")
-  run_dir = run.directory(base.workdir)
-  start = time.perf_counter()
-  print(f"E1 {model} {norm} on {dataset}: batch {base.batch_size}, lr "
-        f"{base.learning_rate:g}, {per_epoch} steps/epoch, workdir {run_dir}", flush=True)
-  record = _harness.fail_on_config_error(lambda: _harness.execute(
-      run, base.workdir, verbose=flags.FLAGS.verbose,
-      extra=lambda result: {"throughput": throughput(run_dir, base.batch_size)}))
-  speed = record.get("throughput") or throughput(run_dir, base.batch_size)
-  rows = rows_from(record, model, norm, base.batch_size, speed, comparable)
-  best = record.get("best") or {}
-  import jax  # pylint: disable=g-import-not-at-top
-  optimizer = base.optimizer["euclidean"]["name"]
-  if base.optimizer["euclidean"].get("momentum") is not None:
-    optimizer += f" (momentum {base.optimizer['euclidean']['momentum']:g}"
-    optimizer += ", nesterov)" if base.optimizer["euclidean"].get("nesterov") else ")"
-  notes = [
-      f"{model} {norm}, {dataset}, batch {base.batch_size}, {optimizer} "
-      f"lr {base.learning_rate:g}, schedule {base.schedule} (patience "
-      f"{base.plateau_patience} evals, ×{base.plateau_factor}), early stopping after "
-      f"{base.early_stopping_patience} evals, eval every {base.eval_every} steps "
-      f"({base.eval_every / per_epoch:.3g} epochs), restore best: {base.restore_best}",
-      f"trained {record['final_step']} steps ({record['final_step'] / per_epoch:.3g} epochs)"
-      + (f"; best top-1 {100 * best['top1']:.2f}% at step {best['step']}"
-         + (", stopped early" if best.get("stopped_early") else "") if "top1" in best else ""),
-      f"throughput: {speed['images_per_sec']:.4g} images/s = median {speed['steps_per_sec']:.4g}"
-      f" steps/s × batch {base.batch_size} on {jax.device_count()} × "
-      f"{jax.devices()[0].device_kind} ({jax.process_count()} process(es))",
-      f"weight decay {base.weight_decay:g} (L2 on kernels; GmP angles are not decayed)",
-      f"Flax's ImageNet example reaches {FLAX_BN_TOP1[0]}–{FLAX_BN_TOP1[1]}% top-1 with BN "
-      f"(its own cosine recipe)",
-  ]
-  if not comparable:
-    notes.insert(0, f"{model} on {dataset}: a smoke/scaled run; Table 1 is ResNet-50 "
-                    f"on ImageNet — the paper column is the target, not a comparison")
-  plots = []
-  accuracy_title, curves_title = plot_titles(model, norm, dataset)
-  if _harness.is_writer():
-    plots.append(_harness.plot_rows([r for r in rows if r.metric != "throughput (images/s)"],
-                                    os.path.join(base.workdir, "e1_accuracy.png"),
-                                    group="model", series="variant", title=accuracy_title,
-                                    ylabel="validation accuracy (%)"))
-    plots.append(plot_curves(base.workdir, [run], os.path.join(base.workdir, "e1_curves.png"),
-                             curves_title))
-  _harness.write_report(base.workdir, experiment="resnet50",
-                        title="E1 — ResNet-50 on ImageNet (GmP Table 1)", rows=rows,
-                        config=base, notes=notes, plots=plots,
-                        seconds=time.perf_counter() - start)
+  def plan(self, base, info):
+    self.per_epoch = max(info.num_train // base.batch_size, 1)
+    model = f"resnet{base.model['depth']}"
+    return [_harness.Run(tags=(("model", model), ("variant", base.model["norm"])), config=base,
+                         single=True)]
+
+  def describe(self, base, runs, info):
+    note = ""
+    if base.schedule == "plateau" and base.eval_every != self.per_epoch:
+      note = (f"Note: config.eval_every={base.eval_every} but one epoch is {self.per_epoch} "
+              f"steps; the plateau / early-stopping patience counts evaluations, not epochs\n")
+    return (f"{note}E1 {runs[0].tags[0][1]} {base.model['norm']} on {base.data['name']}: batch "
+            f"{base.batch_size}, lr {base.learning_rate:g}, {self.per_epoch} steps/epoch, "
+            f"workdir {runs[0].directory(base.workdir)}")
+
+  def extra(self, run, result):
+    return {"throughput": throughput(run.directory(run.config.workdir), run.config.batch_size)}
+
+  def summarize(self, base, runs, records, info):
+    import jax  # pylint: disable=g-import-not-at-top
+    (record,), per_epoch = records, self.per_epoch
+    model, norm, dataset = runs[0].tags[0][1], base.model["norm"], base.data["name"]
+    comparable = (model == "resnet50" and dataset == "imagenet2012")
+    speed = record.get("throughput") or throughput(base.workdir, base.batch_size)
+    rows = rows_from(record, model, norm, base.batch_size, speed, comparable)
+    best = record.get("best") or {}
+    optimizer = base.optimizer["euclidean"]["name"]
+    if base.optimizer["euclidean"].get("momentum") is not None:
+      optimizer += f" (momentum {base.optimizer['euclidean']['momentum']:g}"
+      optimizer += ", nesterov)" if base.optimizer["euclidean"].get("nesterov") else ")"
+    notes = [
+        f"{model} {norm}, {dataset}, batch {base.batch_size}, {optimizer} "
+        f"lr {base.learning_rate:g}, schedule {base.schedule} (patience "
+        f"{base.plateau_patience} evals, ×{base.plateau_factor}), early stopping after "
+        f"{base.early_stopping_patience} evals, eval every {base.eval_every} steps "
+        f"({base.eval_every / per_epoch:.3g} epochs), restore best: {base.restore_best}",
+        f"trained {record['final_step']} steps ({record['final_step'] / per_epoch:.3g} epochs)"
+        + (f"; best top-1 {100 * best['top1']:.2f}% at step {best['step']}"
+           + (", stopped early" if best.get("stopped_early") else "") if "top1" in best else ""),
+        f"throughput: {speed['images_per_sec']:.4g} images/s = median "
+        f"{speed['steps_per_sec']:.4g} steps/s × batch {base.batch_size} on "
+        f"{jax.device_count()} × {jax.devices()[0].device_kind} ({jax.process_count()} "
+        f"process(es))",
+        f"weight decay {base.weight_decay:g} (L2 on kernels; GmP angles are not decayed)",
+        f"Flax's ImageNet example reaches {FLAX_BN_TOP1[0]}–{FLAX_BN_TOP1[1]}% top-1 with BN "
+        f"(its own cosine recipe)",
+    ]
+    if not comparable:
+      notes.insert(0, f"{model} on {dataset}: a smoke/scaled run; Table 1 is ResNet-50 "
+                      f"on ImageNet — the paper column is the target, not a comparison")
+    plots = []
+    accuracy_title, curves_title = plot_titles(model, norm, dataset)
+    if _harness.is_writer():
+      plots.append(_harness.plot_rows([r for r in rows if r.metric != "throughput (images/s)"],
+                                      os.path.join(base.workdir, "e1_accuracy.png"),
+                                      group="model", series="variant", title=accuracy_title,
+                                      ylabel="validation accuracy (%)"))
+      plots.append(plot_curves(base.workdir, runs, os.path.join(base.workdir, "e1_curves.png"),
+                               curves_title))
+    return rows, notes, plots
 
 
 if __name__ == "__main__":
-  _harness.run(main)
+  _harness.main(ResNet50())

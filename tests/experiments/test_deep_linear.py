@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+from absl import flags
 import pytest
 
 from experiments import deep_linear
@@ -59,27 +60,23 @@ def test_epochs_to_threshold_reads_a_jsonl_file_in_any_order(tmp_path):
     deep_linear.epochs_to_threshold(records, 0.5, 0)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(depths=["2", "x"]), "--depths=2,x: 'x' is not an integer"),
-    (dict(depths=["1", "4"]), "--depths=1,4: 1 < 2"),
-    (dict(depths=["4", "4"]), "--depths=4,4: repeated depth"),
-    (dict(depths=[]), "--depths: empty"),
-    (dict(inits=["orthogonal", "identity"]), "--inits=orthogonal,identity: unknown 'identity'"),
-    (dict(num_seeds=0), "--num_seeds=0: must be >= 1"),
-    (dict(thresholds=["0.5", "-1"]), "--loss_thresholds=0.5,-1: -1 must be > 0"),
-    (dict(thresholds=["a"]), "--loss_thresholds=a: 'a' is not a number"),
-    (dict(lr_scaling="sqrt"), "--lr_scaling=sqrt: unknown"),
+@pytest.mark.parametrize("flag, value, message", [
+    ("depths", "2,x", "'x' is not an integer"),
+    ("depths", "1,4", "1 < 2"),
+    ("depths", "4,4", "4 is repeated"),
+    ("depths", "", "empty"),
+    ("inits", "orthogonal,identity", "unknown 'identity'"),
+    ("loss_thresholds", "0.5,-1", "-1 must be > 0"),
+    ("loss_thresholds", "a", "'a' is not a number"),
+    ("lr_scaling", "sqrt", "value should be one of"),
 ])
-def test_parse_flags_names_the_bad_flag(kwargs, message):
-  args = dict(depths=["2", "8"], inits=["orthogonal", "gaussian"], num_seeds=2,
-              thresholds=["0.5"], lr_scaling="inverse_depth")
-  args.update(kwargs)
-  with pytest.raises(ConfigError) as e:
-    deep_linear.parse_flags(args["depths"], args["inits"], args["num_seeds"],
-                            args["thresholds"], args["lr_scaling"])
+def test_flags_name_the_bad_value(flag, value, message):
+  with pytest.raises(ValueError) as e:
+    flags.FLAGS[flag].parser.parse(value)
   assert str(e.value).startswith(message)
-  assert deep_linear.parse_flags(["2", "8"], ["gaussian"], 1, ["0.5", "0.2"], "constant") == (
-      [2, 8], ["gaussian"], [0.5, 0.2])
+  parse = lambda name, value: flags.FLAGS[name].parser.parse(value)
+  assert (parse("depths", "2,8"), parse("inits", "gaussian"),
+          parse("loss_thresholds", "0.5,0.2")) == ([2, 8], ["gaussian"], [0.5, 0.2])
 
 
 def test_smoke_flagfile_runs_and_reports(tmp_path, monkeypatch):

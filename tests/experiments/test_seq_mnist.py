@@ -6,6 +6,7 @@ import json
 import math
 
 import jax
+from absl import flags
 import pytest
 
 from experiments import _harness
@@ -67,18 +68,18 @@ def test_variant_configs_set_init_gain_and_penalty():
     program.check(config, devices=jax.devices()[:1])   # built as the run will be
 
 
-@pytest.mark.parametrize("args, message", [
-    ((["glorot", "identity"], ["0.01"], 1), "--variants=glorot,identity: unknown 'identity'"),
-    ((["orthogonal_gain_so"], ["0"], 1), "--penalty_strengths=0: 0 must be > 0"),
-    ((["orthogonal_gain_so"], ["x"], 1), "--penalty_strengths=x: 'x' is not a number"),
-    ((["orthogonal_gain_so"], [], 1), "--penalty_strengths: empty"),
-    ((["glorot"], ["0.01"], 0), "--num_seeds=0: must be >= 1"),
-])
-def test_parse_flags_names_the_bad_flag(args, message):
-  with pytest.raises(ConfigError) as e:
-    seq_mnist.parse_flags(*args)
+@pytest.mark.parametrize("value, message", [
+    ("0", "0 must be > 0"), ("x", "'x' is not a number"), ("", "empty")])
+def test_penalty_strengths_name_the_bad_value(value, message):
+  with pytest.raises(ValueError) as e:
+    flags.FLAGS["penalty_strengths"].parser.parse(value)
   assert str(e.value).startswith(message)
-  assert seq_mnist.parse_flags(["glorot"], [], 2) == (["glorot"], [])   # no λ needed
+
+
+def test_variants_name_the_bad_one():
+  with pytest.raises(ConfigError) as e:
+    _harness.flag_list("variants", ["glorot", "identity"], seq_mnist.VARIANTS)
+  assert str(e.value).startswith("--variants=glorot,identity: unknown 'identity'")
 
 
 def _check(base):

@@ -29,7 +29,7 @@ def test_config_file_is_the_released_recipe():
   assert smoke.replace(num_steps=5000, plateau_patience=50,
                        early_stopping_patience=100) == base
   assert (smoke.num_steps, smoke.plateau_patience, smoke.early_stopping_patience) == (30, 5, 10)
-  _harness.check_fixed(base, uci.PER_RUN_KEYS, "E3", uci.REQUIRED)
+  _harness.check_fixed(base, uci.UCI.per_run_keys, "E3", uci.UCI.required)
   plan, missing, _ = uci.runs(base, ["boston"], ["sp", "gmp"], 1, "honest", 0.1)
   assert not missing and [r.name for r in plan] == ["dataset=boston/variant=sp/split=0",
                                                     "dataset=boston/variant=gmp/split=0"]

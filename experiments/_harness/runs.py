@@ -1,0 +1,225 @@
+"""A run of an experiment: where it trains, its record, and the experiment's wall time."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+from etils import epath
+
+from experiments._harness import cli
+from orthojax.train.config import Config
+
+RESULTS = "results.json"
+WALL_TIME = "wall_time.json"
+_RECORD_KEYS = ("tags", "final_step", "seconds", "train", "eval", "best")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One training run of an experiment.
+
+  Attributes:
+    tags: the setting, e.g. ``(("dataset", "boston"), ("variant", "gmp"), ("split", 3))``;
+      also the run's directory ``dataset=boston/variant=gmp/split=3``.
+    config: the full training config (its ``workdir`` is set by :func:`execute`).
+    devices: devices to train on (None: all). Tiny full-batch runs use one.
+    hooks: ``hook(step, model) -> dict`` on the schedule of ``config.hooks``.
+    single: the experiment's only run (E1: one norm per job) trains in the workdir
+      itself — ``<workdir>/checkpoints``, ``metrics.jsonl``, ``config.json`` — the
+      layout ``experiments.train`` writes, so either entry point resumes the other.
+      Other runs train in ``<workdir>/runs/<tags>``.
+  """
+
+  tags: tuple[tuple[str, Any], ...]
+  config: Config
+  devices: Any = None
+  hooks: tuple[Callable[..., Any], ...] = ()
+  single: bool = False
+
+  @property
+  def name(self) -> str:
+    return "/".join(f"{k}={v}" for k, v in self.tags)
+
+  def directory(self, workdir: str) -> str:
+    """Where the run trains: ``workdir`` for a single run, else ``workdir/runs/<tags>``."""
+    return workdir if self.single else os.path.join(workdir, "runs", self.name)
+
+  def file(self, workdir: str, name: str) -> str:
+    """A file of the run's directory (``metrics.jsonl``, ``result.json``, …)."""
+    return os.path.join(self.directory(workdir), name)
+
+
+def split_record_key(split: str) -> str:
+  """The record key of a ``--final_eval_splits`` entry: the split's name, or
+  ``<split>_split`` where that name is taken (``train`` holds the logged
+  training metrics, ``eval`` the final evaluation)."""
+  return f"{split}_split" if split in _RECORD_KEYS else split
+
+
+def result_path(run: Run, workdir: str) -> str:
+  """``result.json`` of ``run``: it exists once the run finished (:func:`execute` then
+  reads it back instead of training)."""
+  return run.file(workdir, "result.json")
+
+
+def execute(run: Run, workdir: str, *, verbose: bool = False,
+            extra: Callable[[Any], dict[str, Any]] | None = None,
+            print_fn: Callable[..., None] = print) -> dict[str, Any]:
+  """Train ``run`` in :meth:`Run.directory` and return its record.
+
+  The record (also ``result.json`` in the run directory) holds the tags, the
+  final step, the train / eval / final-split metrics (key
+  :func:`split_record_key`), the best eval, the wall
+  time and ``extra(result)`` — an experiment's own numbers computed from the
+  :class:`~orthojax.train.trainer.TrainResult` (e.g. spectra of the final
+  weights; a ``"headline"`` string there replaces the metrics in the
+  one-line summary). A run whose ``result.json`` exists is not trained again.
+  """
+  from orthojax.train import trainer  # pylint: disable=g-import-not-at-top
+
+  done = result_path(run, workdir)
+  if epath.Path(done).exists():
+    record = json.loads(epath.Path(done).read_text())
+    print_fn(f"  {run.name}: done earlier ({_summary(record)})", flush=True)
+    return record
+
+  def quiet(*args, **kwargs):   # a run's own lines only with --verbose
+    text = " ".join(str(a) for a in args)
+    if verbose or text.startswith(("Resumed", "Preempted")):
+      print_fn(text, **kwargs)
+
+  start_time = time.perf_counter()
+  result = cli.fail_on_config_error(lambda: trainer.train(
+      run.config.replace(workdir=run.directory(workdir)), hooks=run.hooks, devices=run.devices,
+      print_fn=quiet))
+  count_sitting(workdir)
+  if result.preempted:
+    print(f"preempted during {run.name}: checkpoint saved; rerun the same command to resume "
+          f"(exit status {trainer.PREEMPTED_EXIT_CODE})", file=sys.stderr)
+    raise SystemExit(trainer.PREEMPTED_EXIT_CODE)
+  record = {
+      "tags": dict(run.tags),
+      "final_step": result.final_step,
+      "seconds": time.perf_counter() - start_time,
+      "train": result.train_metrics,
+      "eval": result.eval_metrics,
+      **{split_record_key(split): metrics for split, metrics in result.split_metrics.items()},
+      "best": result.best_eval,
+      **(extra(result) if extra else {}),
+  }
+  if cli.is_writer():
+    write_json(done, record)
+  print_fn(f"  {run.name}: {_summary(record)}", flush=True)
+  return record
+
+
+def _summary(record: dict[str, Any]) -> str:
+  """One line per run: the experiment's ``headline`` (from ``extra``) or test/eval metrics."""
+  parts = [f"step {record['final_step']}"]
+  if record.get("headline"):
+    parts.append(record["headline"])
+  else:
+    for split in ("test", "eval"):
+      for key in ("top1", "rmse", "loss"):
+        if key in record.get(split, {}):
+          parts.append(f"{split} {key} {record[split][key]:.4g}")
+          break
+  if record.get("seconds") is not None:
+    parts.append(f"{record['seconds']:.1f} s")
+  return ", ".join(parts)
+
+
+def write_json(path: str, value: Any) -> None:
+  """Write atomically: a crash leaves the old file or none, never half of one.
+
+  Local or cloud (``gs://…``) paths alike (``etils.epath``).
+  """
+  path = epath.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(json.dumps(value, indent=1, default=_jsonable))
+  tmp.replace(path)
+
+
+def _jsonable(x: Any) -> Any:
+  try:
+    return float(x)
+  except (TypeError, ValueError):
+    return str(x)
+
+
+# -------------------------------------------------------------- Wall time --
+#
+# An experiment's wall time is the sum over its *sittings* (processes that ran it)
+# that trained at least one run; each sitting's time is logged in
+# ``<workdir>/wall_time.json`` as ``{sitting id: seconds}``:
+#
+#     wall time = Σ_sittings that trained  (end − start of that sitting)
+#
+# A sitting starts at :func:`cli.start` and ends at the report (its ``seconds``); it is
+# also logged after every run it trains (:func:`count_sitting`, which an experiment also
+# calls for work that is not a training run), so one killed or preempted before its
+# report still counts up to its last finished run. A rerun that only reads finished runs
+# back trains nothing and adds nothing: its report keeps the real time instead of the
+# seconds it took to re-read the records.
+
+
+class Sitting:
+  """This process's share of the experiment's wall time (see the section comment)."""
+
+  def __init__(self):
+    self.reset()
+
+  def reset(self) -> None:
+    self.id = (datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+               + f"-{os.getpid()}")
+    self.start = time.perf_counter()
+    self.trained = False
+
+
+SITTING = Sitting()
+
+
+def read_sittings(workdir: str) -> dict[str, float]:
+  path = epath.Path(workdir) / WALL_TIME
+  return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _log_sitting(workdir: str, seconds: float) -> dict[str, float]:
+  """Set this sitting's seconds in ``<workdir>/wall_time.json``; return every sitting's."""
+  sittings = {**read_sittings(workdir), SITTING.id: float(seconds)}
+  write_json(os.path.join(workdir, WALL_TIME), sittings)
+  return sittings
+
+
+def count_sitting(workdir: str) -> None:
+  """This sitting did an experiment's work (trained a run, measured a network): its
+  time counts in the wall time, logged up to now (a sitting killed later still counts)."""
+  SITTING.trained = True
+  if cli.is_writer():
+    _log_sitting(workdir, time.perf_counter() - SITTING.start)
+
+
+def wall_time(workdir: str, seconds: float | None) -> float | None:
+  """The experiment's wall time over its sittings, ``seconds`` being this sitting's.
+
+  A sitting that trained nothing does not count; when no sitting is logged (a
+  workdir written before the log existed) the previous report's time is kept,
+  else ``seconds``.
+  """
+  if SITTING.trained and seconds is not None:
+    sittings = _log_sitting(workdir, seconds) if cli.is_writer() else read_sittings(workdir)
+  else:
+    sittings = read_sittings(workdir)
+  if sittings:
+    return sum(sittings.values())
+  previous = epath.Path(workdir) / RESULTS
+  if not SITTING.trained and previous.exists():
+    return json.loads(previous.read_text()).get("seconds", seconds)
+  return seconds
