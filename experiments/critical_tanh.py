@@ -89,11 +89,16 @@ from typing import Any
 
 from absl import flags
 from etils import epath
+from flax import nnx
+import jax.numpy as jnp
 import numpy as np
 
 from experiments import _harness
+from orthojax import analysis
 from orthojax import models
 from orthojax.train import data as data_lib
+from orthojax.train import metrics as metrics_lib
+from orthojax.train import model_zoo
 from orthojax.train.config import ConfigError
 
 WEIGHT_KINDS = models.DeepMLP.WEIGHTS
@@ -137,7 +142,6 @@ _STAGES = _harness.define_list("stages", STAGES,
 def diagnostic_batch(config, batch: int) -> tuple[Any, Any]:
   """The fixed examples the diagnostics measure on: the first ``batch`` training examples
   in a fixed order (seed 12345), flattened."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   examples = next(data_lib.train_batches(config.data["name"], batch_size=batch, seed=12345,
                                          data_dir=config.data_dir or None, **config.options))
   return jnp.asarray(examples["x"].reshape(batch, -1)), jnp.asarray(examples["y"])
@@ -145,7 +149,6 @@ def diagnostic_batch(config, batch: int) -> tuple[Any, Any]:
 
 def diagnostics(model, examples, *, mse: bool = False) -> dict[str, float]:
   """λ_max(F) and σ_max(J) of ``model`` (:func:`orthojax.analysis.isometry_diagnostics`)."""
-  from orthojax import analysis  # pylint: disable=g-import-not-at-top
   return analysis.isometry_diagnostics(model, *examples, jacobian_examples=_JAC_EXAMPLES.value,
                                        lanczos_iters=_LANCZOS.value, mse=mse)
 
@@ -209,8 +212,6 @@ def measure_at_init(run: _harness.Run, workdir: str, info, examples) -> dict[str
   later call reads it instead of measuring again. The network is the one the trainer
   starts from (the model zoo's, from the run's seed).
   """
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from orthojax.train import model_zoo  # pylint: disable=g-import-not-at-top
   path = init_record_path(workdir, run)
   if epath.Path(path).exists():
     return json.loads(epath.Path(path).read_text())
@@ -309,8 +310,7 @@ class CriticalTanh(_harness.Experiment):
             for run in runs if dict(run.tags)["seed"] < self.train_seeds]
 
   def extra(self, run, result):
-    from orthojax.train import metrics  # pylint: disable=g-import-not-at-top
-    log = metrics.read_jsonl(run.file(run.config.workdir, "metrics.jsonl"))
+    log = metrics_lib.read_jsonl(run.file(run.config.workdir, "metrics.jsonl"))
     first = measure_at_init(run, run.config.workdir, self.info, self.examples)
     history = [{k: v for k, v in first.items() if k not in ("tags", "seconds")}]
     history += [r for r in log if r["split"] == "spectrum" and "fisher_lambda_max" in r]
@@ -353,7 +353,6 @@ class CriticalTanh(_harness.Experiment):
 def _rho_rows(init_records, kinds):
   """ρ(λ_max(F), σ_max²(J)) at initialisation for both losses, over every network and per
   kind, with a 95 % bootstrap interval (pairs resampled), beside the paper's ρ."""
-  from orthojax import analysis  # pylint: disable=g-import-not-at-top
 
   rows, notes = [], []
   groups = [("all", init_records)]
@@ -425,7 +424,6 @@ def summarize(init_records, records, q_stars, kinds, workdir, *, loss_epochs=(),
   the at-init rows); ``records``: the ``train`` stage's (none when it did not run);
   ``loss_epochs``: the epochs at which the notes compare the kinds' training losses.
   """
-  from orthojax import analysis  # pylint: disable=g-import-not-at-top
 
   rows, notes = _rho_rows(init_records, kinds)
 

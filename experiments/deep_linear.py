@@ -73,9 +73,12 @@ import os
 from typing import Any, Iterable, Sequence
 
 from absl import flags
+import jax
+import numpy as np
 
 from experiments import _harness
 from orthojax import models
+from orthojax.train import metrics as metrics_lib
 from orthojax.train.config import ConfigError
 
 INITS = models.DeepLinear.INITS
@@ -174,7 +177,6 @@ PER_RUN_KEYS = {
 def runs(base, depths: Sequence[int], inits: Sequence[str], num_seeds: int, lr_scaling: str,
          num_train: int) -> list[_harness.Run]:
   """depths × inits × seeds, full-batch on one device (the batch is the training set)."""
-  import jax  # pylint: disable=g-import-not-at-top
   out = []
   for depth in depths:
     for init in inits:
@@ -253,7 +255,6 @@ def plot_losses(curves: dict[tuple[int, str], list[list[float]]], thresholds: Se
                 path: str) -> str:
   """Mean training-loss curves: one panel per init, one line per depth."""
   plt = _harness.pyplot()
-  import numpy as np  # pylint: disable=g-import-not-at-top
 
   inits = list(dict.fromkeys(init for _, init in curves))
   fig, axes = plt.subplots(1, len(inits), squeeze=False, figsize=(4.2 * len(inits), 3.4),
@@ -352,7 +353,6 @@ class DeepLinear(_harness.Experiment):
 
 def _log(run: _harness.Run) -> list[dict[str, Any]]:
   """The run's ``metrics.jsonl`` records."""
-  from orthojax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
   return metrics_lib.read_jsonl(run.file(run.config.workdir, "metrics.jsonl"))
 
 

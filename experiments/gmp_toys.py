@@ -84,10 +84,16 @@ from typing import Any
 
 from absl import flags
 from etils import epath
+from flax import nnx
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from experiments import _harness
+from orthojax import analysis
 from orthojax import models
+from orthojax.train import data as data_lib
+from orthojax.train import model_zoo
 from orthojax.train.config import ConfigError
 
 TOYS = ("levy", "banana")
@@ -148,7 +154,6 @@ def parse_options(toy: str, pairs: list[str]) -> dict[str, Any]:
   """``--<toy>_options``: ``["num_train=50", "noise=0.1"]`` → ``{"num_train": 50, "noise": 0.1}``,
   each value typed as the data set declares its option
   (:func:`orthojax.train.data.check_options`); a ConfigError naming the flag."""
-  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
   given = {}
   for pair in pairs:
     key, sep, value = pair.partition("=")
@@ -175,7 +180,6 @@ REQUIRED = {"model.name": ("MLP", "the one-hidden-layer MLP"),
 
 def plan_runs(base, toys, variants, lrs, seeds, *, steps, batch_sizes, options, levy_loss):
   """The runs: toys × variants × lrs × seeds, each on one device (a toy is tiny)."""
-  import jax  # pylint: disable=g-import-not-at-top
   runs = []
   for toy in toys:
     for seed in seeds:
@@ -196,9 +200,6 @@ def plan_runs(base, toys, variants, lrs, seeds, *, steps, batch_sizes, options, 
 
 def _model(config, info, state=None):
   """The run's model (eval mode), with ``state``'s params and model state if given."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  from orthojax.train import model_zoo  # pylint: disable=g-import-not-at-top
   model = model_zoo.build(config, info, nnx.Rngs(config.seed))
   if state is not None:
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -210,14 +211,12 @@ def _model(config, info, state=None):
 
 
 def _train_set(config) -> dict[str, np.ndarray]:
-  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
   batch = next(data_lib.eval_batches(config.data["name"], batch_size=-1, split="train",
                                      **config.options))
   return {"x": np.asarray(batch["x"], np.float64), "y": np.asarray(batch["y"])}
 
 
 def _test_set(config) -> dict[str, np.ndarray]:
-  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
   batch = next(data_lib.eval_batches(config.data["name"], batch_size=-1, split="test",
                                      **config.options))
   return {"x": np.asarray(batch["x"], np.float64), "y": np.asarray(batch["y"])}
@@ -227,8 +226,6 @@ def make_tracker(run: _harness.Run):
   """The hook of ``run`` (:class:`orthojax.analysis.CharacteristicPointTracker` on the hidden
   unit), started from the run's initial parameters; BN's points use the training set's
   input mean and covariance as the batch statistics."""
-  from orthojax import analysis  # pylint: disable=g-import-not-at-top
-  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
   config = run.config
   info = data_lib.dataset_info(config.data["name"], **config.options)
   static: dict[str, Any] = {}
@@ -247,8 +244,6 @@ def _softmax(z: np.ndarray) -> np.ndarray:
 
 def finish_run(run: _harness.Run, tracker, result, run_dir: str) -> dict[str, Any]:
   """Save the trajectory and the final fit; the run's E4 numbers (``execute``'s ``extra``)."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
   config = run.config
   info = data_lib.dataset_info(config.data["name"], **config.options)
   model = _model(config, info, result.state)
@@ -502,7 +497,6 @@ class GmPToys(_harness.Experiment):
   reads_base_data = False   # one set per toy
 
   def check(self, base):
-    from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
     self.options = {toy: parse_options(toy, _OPTIONS[toy].value) for toy in TOYS}
     self.steps = {toy: _STEPS[toy].value or base.num_steps for toy in TOYS}
     self.batch = {toy: _BATCH[toy].value or base.batch_size for toy in TOYS}

@@ -57,11 +57,11 @@ evaluation, the throughput measurement and the report.
 from __future__ import annotations
 
 import os
-import statistics
-from typing import Any, Sequence
+from typing import Any
+
+import jax
 
 from experiments import _harness
-from orthojax import models
 
 # GmP paper Table 1: single centre-crop validation accuracy (%), top-1 / top-5.
 PAPER = {"wn_mbn": (72.58, 90.77), "bn": (73.63, 91.11), "gmp_imn": (75.57, 92.68)}
@@ -69,56 +69,6 @@ FLAX_BN_TOP1 = (76.1, 76.7)     # Flax examples/imagenet, ResNet-50 with BN
 IMAGENET_TRAIN = 1_281_167
 
 _harness.define_flags("e1_resnet50.py")
-
-
-# ------------------------------------------------ Shared with E2 (vgg6_imagenet32) --
-
-def throughput(run_dir: str, batch_size: int) -> dict[str, float]:
-  """Training speed of a run from its ``metrics.jsonl``: median steps/s × batch.
-
-  Returns ``{"steps_per_sec", "images_per_sec", "intervals"}`` (NaN without
-  a logged interval: the first train line of each process has no rate).
-  """
-  from orthojax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
-  rates = [r["steps_per_sec"] for r in metrics_lib.read_jsonl(
-      os.path.join(run_dir, "metrics.jsonl")) if r.get("split") == "train"
-           and "steps_per_sec" in r]
-  if not rates:
-    return {"steps_per_sec": float("nan"), "images_per_sec": float("nan"), "intervals": 0}
-  rate = statistics.median(rates)
-  return {"steps_per_sec": rate, "images_per_sec": rate * batch_size, "intervals": len(rates)}
-
-
-def plot_curves(workdir: str, runs: Sequence[_harness.Run], path: str, title: str) -> str:
-  """Eval top-1 / top-5 (%) against epochs for every run (from each ``metrics.jsonl``)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  from orthojax.train import data as data_lib  # pylint: disable=g-import-not-at-top
-  from orthojax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
-
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-  for run in runs:
-    config = run.config
-    info = data_lib.dataset_info(config.data["name"], data_dir=config.data_dir,
-                                 **config.options)
-    per_epoch = max(info.num_train // config.batch_size, 1)
-    records = [r for r in metrics_lib.read_jsonl(os.path.join(run.directory(workdir),
-                                                              "metrics.jsonl"))
-               if r.get("split") == "eval"]
-    by_step = {r["step"]: r for r in records}      # a resumed run may repeat a step
-    steps = sorted(by_step)
-    for ax, key in zip(axes, ("top1", "top5")):
-      if steps and key in by_step[steps[0]]:
-        ax.plot([s / per_epoch for s in steps], [100 * by_step[s][key] for s in steps],
-                "o-", ms=3, label=run.name.replace("/", " "))
-  for ax, key in zip(axes, ("top-1", "top-5")):
-    ax.set_xlabel("epoch")
-    ax.set_ylabel(f"eval {key} (%)")
-    ax.legend(fontsize=7)
-  fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
-  return _harness.save_figure(fig, path, dpi=100)
 
 
 def plot_titles(model: str, norm: str, dataset: str) -> tuple[str, str]:
@@ -170,14 +120,13 @@ class ResNet50(_harness.Experiment):
             f"workdir {runs[0].directory(base.workdir)}")
 
   def extra(self, run, result):
-    return {"throughput": throughput(run.directory(run.config.workdir), run.config.batch_size)}
+    return {"throughput": _harness.throughput(run.directory(run.config.workdir), run.config.batch_size)}
 
   def summarize(self, base, runs, records, info):
-    import jax  # pylint: disable=g-import-not-at-top
     (record,), per_epoch = records, self.per_epoch
     model, norm, dataset = runs[0].tags[0][1], base.model["norm"], base.data["name"]
     comparable = (model == "resnet50" and dataset == "imagenet2012")
-    speed = record.get("throughput") or throughput(base.workdir, base.batch_size)
+    speed = record.get("throughput") or _harness.throughput(base.workdir, base.batch_size)
     rows = rows_from(record, model, norm, base.batch_size, speed, comparable)
     best = record.get("best") or {}
     optimizer = base.optimizer["euclidean"]["name"]
@@ -211,7 +160,7 @@ class ResNet50(_harness.Experiment):
                                       os.path.join(base.workdir, "e1_accuracy.png"),
                                       group="model", series="variant", title=accuracy_title,
                                       ylabel="validation accuracy (%)"))
-      plots.append(plot_curves(base.workdir, runs, os.path.join(base.workdir, "e1_curves.png"),
+      plots.append(_harness.plot_curves(base.workdir, runs, os.path.join(base.workdir, "e1_curves.png"),
                                curves_title))
     return rows, notes, plots
 

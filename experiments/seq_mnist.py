@@ -90,9 +90,13 @@ import os
 from typing import Any, Sequence
 
 from absl import flags
+from flax import nnx
+import numpy as np
 
 from experiments import _harness
 from orthojax import analysis
+from orthojax.train import metrics as metrics_lib
+from orthojax.train import model_zoo
 from orthojax.train.config import ConfigError
 
 VARIANTS = ("glorot", "orthogonal", "orthogonal_gain", "orthogonal_gain_so",
@@ -176,7 +180,6 @@ def _fmt(x: float) -> str:
 @functools.lru_cache(maxsize=1)
 def _recurrent_stats():
   """One compiled :func:`orthojax.analysis.spectrum_hook` on W_rec, shared by every run."""
-  from orthojax import analysis  # pylint: disable=g-import-not-at-top
   return analysis.spectrum_hook(mask={LEAF: True})
 
 
@@ -198,8 +201,6 @@ def initial_spectrum(config, info) -> dict[str, float]:
   the model ``model_zoo.build`` makes from the run's seed — the trainer's
   own initialisation.
   """
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from orthojax.train import model_zoo  # pylint: disable=g-import-not-at-top
   model = model_zoo.build(config, info, nnx.Rngs(config.seed))
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   return {"epoch": 0.0, **_recurrent_stats()(0, params)}
@@ -442,7 +443,6 @@ def curves(records: Sequence[dict[str, Any]], logs: Sequence[list[dict[str, Any]
 def plot_accuracy(accuracy: dict[str, dict[int, list[float]]], path: str, title: str) -> str:
   """Validation accuracy per epoch: one line per setting, mean ± std over seeds shaded."""
   plt = _harness.pyplot()
-  import numpy as np  # pylint: disable=g-import-not-at-top
 
   fig, ax = plt.subplots(figsize=(6.4, 4.0))
   for label, by_epoch in accuracy.items():
@@ -502,7 +502,6 @@ class SeqMNIST(_harness.Experiment):
             "spectrum_final": _recurrent_stats()(0, result.state.params)}
 
   def summarize(self, base, runs, records, info):
-    from orthojax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
     source, view = base.options.get("source", "tfds"), base.options.get("view", "row")
     gain, strengths, num_seeds = base.model.get("gain", 1.0), self.strengths, _harness.num_seeds(3)
     load = self.load

@@ -12,6 +12,7 @@ from the latest checkpoint.
 from __future__ import annotations
 
 from experiments import _harness
+from orthojax.train import trainer
 
 _harness.define_flags("train.py")
 
@@ -19,12 +20,10 @@ _harness.define_flags("train.py")
 def main(argv: list[str]) -> None:
   config = _harness.start(argv)
   _harness.prepare([_harness.Run(tags=(), config=config)], config, config.workdir)
-  import jax  # pylint: disable=g-import-not-at-top  (after distributed start-up)
-  from orthojax.train import trainer  # pylint: disable=g-import-not-at-top
   result = _harness.fail_on_config_error(lambda: trainer.train(config))
   if result.preempted:   # checkpoint saved: a scheduler requeues on this status
     raise SystemExit(trainer.PREEMPTED_EXIT_CODE)
-  if jax.process_index() == 0:
+  if _harness.is_writer():
     summary = ", ".join(f"{k} {v:.4g}" for k, v in result.eval_metrics.items())
     print(f"final step {result.final_step}: {summary}", flush=True)
 

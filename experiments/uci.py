@@ -40,6 +40,7 @@ Each run trains on one device: the batch is a whole UCI training split
 from __future__ import annotations
 
 from absl import flags
+import jax
 
 from experiments import _harness
 from orthojax import models
@@ -76,7 +77,6 @@ _SKIP_MISSING = flags.DEFINE_bool("skip_missing", True,
 def runs(base, datasets, variants, num_splits, protocol, gmp_lr):
   """The runs (datasets × variants × splits; full batch, one device), the sets that
   are missing, and each (set, split)'s target standard deviation."""
-  import jax  # pylint: disable=g-import-not-at-top
   out, missing, target_std = [], {}, {}
   validation = 0.2 if protocol == "honest" else 0.0
   for dataset in datasets:

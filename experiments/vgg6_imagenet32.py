@@ -54,7 +54,6 @@ from typing import Any
 from absl import flags
 
 from experiments import _harness
-from experiments import resnet50 as e1
 from orthojax import models
 from orthojax.train.config import ConfigError
 
@@ -139,7 +138,7 @@ class VGG6(_harness.Experiment):
             f"{_GMP_LR.value:g})")
 
   def extra(self, run, result):
-    return {"throughput": e1.throughput(run.directory(run.config.workdir),
+    return {"throughput": _harness.throughput(run.directory(run.config.workdir),
                                         run.config.batch_size)}
 
   def summarize(self, base, runs, records, info):
@@ -170,7 +169,7 @@ class VGG6(_harness.Experiment):
       bars, curves = plot_titles(base.data["name"])
       plots.append(_harness.plot_rows(rows, os.path.join(base.workdir, "e2_accuracy.png"),
                                       group="batch", series="variant", title=bars))
-      plots.append(e1.plot_curves(base.workdir, runs,
+      plots.append(_harness.plot_curves(base.workdir, runs,
                                   os.path.join(base.workdir, "e2_curves.png"), curves))
     return rows, notes, plots
 

@@ -8,10 +8,14 @@ import sys
 from typing import Any, Callable, Mapping, NoReturn, Sequence
 
 from absl import flags
+import jax
 
 from experiments._harness import cli
 from experiments._harness.runs import Run
+from orthojax.train import aot
 from orthojax.train import config as config_lib
+from orthojax.train import program
+from orthojax.train import topology
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
 
@@ -79,8 +83,6 @@ def prepare(runs: Sequence[Run], base: Config, workdir: str) -> None:
 
 
 def _check_run(run: Run, name_it: bool) -> None:
-  import jax  # pylint: disable=g-import-not-at-top
-  from orthojax.train import program  # pylint: disable=g-import-not-at-top
   try:
     program.check(run.config, devices=run.devices or jax.devices(),
                   num_processes=jax.process_count(), published=flags.FLAGS.config_help)
@@ -100,8 +102,6 @@ def compile_runs(runs: Sequence[Run], workdir: str, *, print_fn: Callable[..., N
   the chip's HBM. A run its experiment pins to ``n`` devices (tiny full-batch
   runs on one) compiles for the topology's first ``n`` chips.
   """
-  from orthojax.train import aot  # pylint: disable=g-import-not-at-top
-  from orthojax.train import topology  # pylint: disable=g-import-not-at-top
   target = flags.FLAGS.compile_for
   reports: dict[str, Any] = {}
   try:

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
 import sys
 from typing import Any, Callable, NoReturn, Sequence
 
+from absl import app
 from absl import flags
-from absl import logging
+import jax
+from ml_collections import config_dict as mlc_dict
 from ml_collections import config_flags
+from ml_collections.config_flags import config_flags as mlc_flags
 
-from orthojax.train import distributed
 from orthojax.train import overrides as overrides_lib
+from orthojax.train import registry
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
+from orthojax.train.data import DatasetNotFoundError
+from orthojax.train.trainer import NonFiniteLossError
 
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 _LOAD_ERRORS = (AttributeError, KeyError, TypeError, ValueError, OSError)
@@ -114,7 +118,6 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
   The ``--config.KEY=VALUE`` overrides (flagfiles expanded) are kept aside and applied
   by :func:`config_dict` with :mod:`orthojax.train.overrides`, which can also switch a
   section's constructor and create a section the file leaves None."""
-  from ml_collections.config_flags import config_flags as mlc_flags  # pylint: disable=g-import-not-at-top
   argv = list(argv)
   try:
     expanded = flags.FLAGS.read_flags_from_files(argv[1:], force_gnu=False)
@@ -154,7 +157,6 @@ def overridden(key: str) -> bool:
 def config_dict() -> dict[str, Any]:
   """``--config`` as a plain dict with its overrides applied (:func:`parse_flags`), or
   one line and exit 2."""
-  from ml_collections.config_flags import config_flags as mlc_flags  # pylint: disable=g-import-not-at-top
   try:
     tree = flags.FLAGS.config.to_dict()   # a file that failed to load raises on first use
   except (*_LOAD_ERRORS, mlc_flags.UnsupportedOperationError) as e:
@@ -167,36 +169,7 @@ def config_dict() -> dict[str, Any]:
 
 def run(main: Callable[[list[str]], Any]) -> None:
   """``app.run(main)`` with :func:`parse_flags`: every experiment's ``__main__``."""
-  from absl import app  # pylint: disable=g-import-not-at-top
   app.run(main, flags_parser=parse_flags)
-
-
-def start(argv: Sequence[str]) -> Config:
-  """Common start of ``main``: check argv, quiet Orbax, start jax.distributed, read flags.
-
-  Returns the base config, its ranges and choices checked (:meth:`Config.validate`; a bad
-  flag exits with one line naming it, status 2). Its sections are checked by building the
-  runs' programs (:func:`experiments._harness.checks.prepare`).
-  """
-  from experiments._harness import runs  # pylint: disable=g-import-not-at-top
-  if len(argv) > 1:
-    raise SystemExit(f"error: unexpected arguments {list(argv[1:])}; flags only")
-  runs.SITTING.reset()
-  if not flags.FLAGS["verbosity"].present:   # Orbax logs every save at INFO
-    logging.set_verbosity(logging.WARNING)
-  fv = flags.FLAGS
-  if fv.compile_for:   # abstract TPU devices only; this machine's backend is the CPU
-    import jax  # pylint: disable=g-import-not-at-top
-    jax.config.update("jax_platforms", "cpu")
-  if not fv.config_help:
-    distributed.initialize(enabled=fv.distributed, coordinator_address=fv.coordinator_address,
-                           num_processes=fv.num_processes, process_id=fv.process_id)
-  config = fail_on_config_error(lambda: config_from_flags(fv))
-  if fv.config_help and not config.workdir:
-    # --config_help exits in prepare(), before any run writes; os.devnull (not a directory)
-    # makes an accidental write fail loudly rather than leave a directory behind.
-    config = config.replace(workdir=os.devnull)
-  return fail_on_config_error(config.validate)
 
 
 def config_from_flags(fv: flags.FlagValues = flags.FLAGS) -> Config:
@@ -209,8 +182,6 @@ def config_from_flags(fv: flags.FlagValues = flags.FLAGS) -> Config:
 
 def print_config_help(config: Config) -> None:
   """``--config_help``: the checked config and every constructor a section may name."""
-  from ml_collections import config_dict as mlc_dict  # pylint: disable=g-import-not-at-top
-  from orthojax.train import registry  # pylint: disable=g-import-not-at-top
   tree = {k: v for k, v in config.to_dict().items() if k != "workdir"}
   print("The config, as checked for this run (--config.KEY=VALUE overrides any key; "
         "--config.SECTION.name=NAME switches a section's constructor):\n"
@@ -232,8 +203,6 @@ def fail(message: str) -> NoReturn:
 def fail_on_config_error(fn: Callable[[], Any]) -> Any:
   """``fn()``, turning a :class:`ConfigError` or a missing dataset into :func:`fail`
   (exit 2) and a run stopped by its non-finite guard into one line and exit 1."""
-  from orthojax.train.data import DatasetNotFoundError  # pylint: disable=g-import-not-at-top
-  from orthojax.train.trainer import NonFiniteLossError  # pylint: disable=g-import-not-at-top
   try:
     return fn()
   except (ConfigError, DatasetNotFoundError) as e:   # missing data: what to do (ImageNet: steps)
@@ -266,5 +235,4 @@ def flag_list(name: str, value: Sequence[str], choices: Sequence[str]) -> list[s
 
 def is_writer() -> bool:
   """Whether this process writes the experiment's files (process 0)."""
-  import jax  # pylint: disable=g-import-not-at-top
   return jax.process_index() == 0

@@ -3,16 +3,21 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Mapping, Sequence
 
 from absl import flags
+from absl import logging
+import jax
 
 from experiments._harness import checks
 from experiments._harness import cli
 from experiments._harness import report
 from experiments._harness import runs as runs_lib
 from experiments._harness.runs import Run
+from orthojax.train import distributed
+from orthojax.train import program
 from orthojax.train.config import Config
 
 
@@ -81,10 +86,35 @@ def main(experiment: Experiment) -> None:
   cli.run(lambda argv: run_experiment(experiment, argv))
 
 
+def start(argv: Sequence[str]) -> Config:
+  """Common start of ``main``: check argv, quiet Orbax, start jax.distributed, read flags.
+
+  Returns the base config, its ranges and choices checked (:meth:`Config.validate`; a bad
+  flag exits with one line naming it, status 2). Its sections are checked by building the
+  runs' programs (:func:`checks.prepare`).
+  """
+  if len(argv) > 1:
+    raise SystemExit(f"error: unexpected arguments {list(argv[1:])}; flags only")
+  runs_lib.SITTING.reset()
+  if not flags.FLAGS["verbosity"].present:   # Orbax logs every save at INFO
+    logging.set_verbosity(logging.WARNING)
+  fv = flags.FLAGS
+  if fv.compile_for:   # abstract TPU devices only; this machine's backend is the CPU
+    jax.config.update("jax_platforms", "cpu")
+  if not fv.config_help:
+    distributed.initialize(enabled=fv.distributed, coordinator_address=fv.coordinator_address,
+                           num_processes=fv.num_processes, process_id=fv.process_id)
+  config = cli.fail_on_config_error(lambda: cli.config_from_flags(fv))
+  if fv.config_help and not config.workdir:
+    # --config_help exits in prepare(), before any run writes; os.devnull (not a directory)
+    # makes an accidental write fail loudly rather than leave a directory behind.
+    config = config.replace(workdir=os.devnull)
+  return cli.fail_on_config_error(config.validate)
+
+
 def run_experiment(experiment: Experiment, argv: Sequence[str]) -> None:
   """The skeleton of :class:`Experiment`'s docstring."""
-  from orthojax.train import program  # pylint: disable=g-import-not-at-top
-  base = cli.start(argv)
+  base = start(argv)
   if not base.workdir and not cli.compile_only():
     cli.fail("--workdir: the experiment writes its runs and report there")
   cli.fail_on_config_error(lambda: checks.check_fixed(
@@ -97,10 +127,10 @@ def run_experiment(experiment: Experiment, argv: Sequence[str]) -> None:
   runs = cli.fail_on_config_error(lambda: experiment.plan(base, info))
   checks.prepare(runs, base, base.workdir)
   print(experiment.describe(base, runs, info), flush=True)
-  start = time.perf_counter()
+  started = time.perf_counter()
   records = experiment.train(base, runs, info)
   rows, notes, plots = cli.fail_on_config_error(
       lambda: experiment.summarize(base, runs, records, info))
   report.write_report(base.workdir, experiment=experiment.name, title=experiment.title,
                       rows=rows, config=base, notes=notes, plots=plots,
-                      seconds=time.perf_counter() - start)
+                      seconds=time.perf_counter() - started)

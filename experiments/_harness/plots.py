@@ -9,15 +9,18 @@ import tempfile
 from typing import Any, Callable, Sequence
 
 from etils import epath
+import matplotlib
+import matplotlib.pyplot as plt
 
 from experiments._harness.report import Row
+from experiments._harness.runs import Run
+from orthojax.train import data as data_lib
+from orthojax.train import metrics as metrics_lib
 
 
 def pyplot() -> Any:
   """``matplotlib.pyplot`` on the Agg backend (no display needed)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   return plt
 
 
@@ -86,6 +89,34 @@ def bar_figure(rows: Sequence[Row], *, group: str, series: str, title: str = "",
                f"the paper", fontsize=9)
   fig.tight_layout()
   return fig
+
+
+def plot_curves(workdir: str, runs: Sequence[Run], path: str, title: str) -> str:
+  """Eval top-1 / top-5 (%) against epochs for every run (from each ``metrics.jsonl``)."""
+  plt = pyplot()
+
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+  for run in runs:
+    config = run.config
+    info = data_lib.dataset_info(config.data["name"], data_dir=config.data_dir,
+                                 **config.options)
+    per_epoch = max(info.num_train // config.batch_size, 1)
+    records = [r for r in metrics_lib.read_jsonl(os.path.join(run.directory(workdir),
+                                                              "metrics.jsonl"))
+               if r.get("split") == "eval"]
+    by_step = {r["step"]: r for r in records}      # a resumed run may repeat a step
+    steps = sorted(by_step)
+    for ax, key in zip(axes, ("top1", "top5")):
+      if steps and key in by_step[steps[0]]:
+        ax.plot([s / per_epoch for s in steps], [100 * by_step[s][key] for s in steps],
+                "o-", ms=3, label=run.name.replace("/", " "))
+  for ax, key in zip(axes, ("top-1", "top-5")):
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(f"eval {key} (%)")
+    ax.legend(fontsize=7)
+  fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  return save_figure(fig, path, dpi=100)
 
 
 def save_figure(fig: Any, path: str, dpi: int = 110) -> str:

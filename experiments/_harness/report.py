@@ -12,6 +12,7 @@ import platform
 from typing import Any, Callable, Iterable, Sequence
 
 from etils import epath
+import jax
 
 from experiments._harness import cli
 from experiments._harness import runs
@@ -122,7 +123,6 @@ def write_report(workdir: str, *, experiment: str, title: str, rows: Sequence[Ro
 
   Returns the markdown of the report.
   """
-  import jax  # pylint: disable=g-import-not-at-top
 
   notes, plots = list(notes), [_abspath(p) for p in plots]
   seconds = runs.wall_time(workdir, seconds)

@@ -6,6 +6,7 @@ import dataclasses
 import datetime
 import json
 import os
+import statistics
 import sys
 import time
 from typing import Any, Callable
@@ -13,6 +14,8 @@ from typing import Any, Callable
 from etils import epath
 
 from experiments._harness import cli
+from orthojax.train import metrics as metrics_lib
+from orthojax.train import trainer
 from orthojax.train.config import Config
 
 RESULTS = "results.json"
@@ -81,7 +84,6 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
   weights; a ``"headline"`` string there replaces the metrics in the
   one-line summary). A run whose ``result.json`` exists is not trained again.
   """
-  from orthojax.train import trainer  # pylint: disable=g-import-not-at-top
 
   done = result_path(run, workdir)
   if epath.Path(done).exists():
@@ -133,6 +135,21 @@ def _summary(record: dict[str, Any]) -> str:
   if record.get("seconds") is not None:
     parts.append(f"{record['seconds']:.1f} s")
   return ", ".join(parts)
+
+
+def throughput(run_dir: str, batch_size: int) -> dict[str, float]:
+  """Training speed of a run from its ``metrics.jsonl``: median steps/s × batch.
+
+  Returns ``{"steps_per_sec", "images_per_sec", "intervals"}`` (NaN without
+  a logged interval: the first train line of each process has no rate).
+  """
+  rates = [r["steps_per_sec"] for r in metrics_lib.read_jsonl(
+      os.path.join(run_dir, "metrics.jsonl")) if r.get("split") == "train"
+           and "steps_per_sec" in r]
+  if not rates:
+    return {"steps_per_sec": float("nan"), "images_per_sec": float("nan"), "intervals": 0}
+  rate = statistics.median(rates)
+  return {"steps_per_sec": rate, "images_per_sec": rate * batch_size, "intervals": len(rates)}
 
 
 def write_json(path: str, value: Any) -> None:

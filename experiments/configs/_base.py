@@ -16,8 +16,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-import ml_collections
 from ml_collections import config_dict
+import ml_collections
 
 from orthojax.train import Config
 from orthojax.train import data as data_lib

@@ -42,10 +42,11 @@ The argument is a comma-separated list of:
 The paper tuned every learning rate by Bayesian optimisation; these are untuned defaults.
 """
 
+from ml_collections import config_dict
+
 from experiments.configs._base import data as data_section
 from experiments.configs._base import section
 from experiments.configs._base import trainer
-from ml_collections import config_dict
 from orthojax.train import registry
 
 SCALES = ("cpu", "mnist", "smoke", "svhn")

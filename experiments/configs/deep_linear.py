@@ -22,10 +22,11 @@ The argument:
 * ``smoke`` — 40 epochs (CI).
 """
 
+from ml_collections import config_dict
+
 from experiments.configs._base import data as data_section
 from experiments.configs._base import section
 from experiments.configs._base import trainer
-from ml_collections import config_dict
 
 ARGS = ("mnist", "smoke")
 

@@ -10,7 +10,6 @@ import pytest
 
 from experiments import deep_linear
 from orthojax.train import metrics as metrics_lib
-from orthojax.train.config import ConfigError
 from tests.experiments import _cli
 
 SMOKE = "--flagfile=experiments/flags/deep_linear_smoke.flags"
