@@ -169,8 +169,11 @@ def dataset_info(config: Config, *, published: bool = False) -> DatasetInfo:
   except ValueError as e:
     raise ConfigError(f"config.final_eval_splits={list(config.final_eval_splits)}: "
                       f"{e}") from None
-  return data_lib.dataset_info(name, data_dir=config.data_dir, published=published,
-                               **config.options)
+  try:
+    return data_lib.dataset_info(name, data_dir=config.data_dir, published=published,
+                                 **config.options)
+  except ValueError as e:   # an option's value the set rejects (e.g. mnist's view)
+    raise ConfigError(f"config.data: {str(e).splitlines()[0]}") from None
 
 
 def check(config: Config, *, devices: Sequence[jax.Device] | None = None,

