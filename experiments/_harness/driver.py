@@ -41,6 +41,9 @@ class Experiment:
     required: config key → (the value the science needs, why).
     reads_base_data: whether the runs train on the base config's dataset (its info is
       read once, ``info`` below); else ``info`` is None (E3, E4: one per set).
+
+  One instance serves one invocation: :meth:`check` and :meth:`plan` may keep what they
+  parse (the flags' values, the steps per epoch) on ``self`` for the later steps.
   """
 
   name = ""
