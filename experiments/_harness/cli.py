@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 from typing import Any, Callable, NoReturn, Sequence
@@ -170,6 +171,22 @@ def config_dict() -> dict[str, Any]:
 def run(main: Callable[[list[str]], Any]) -> None:
   """``app.run(main)`` with :func:`parse_flags`: every experiment's ``__main__``."""
   app.run(main, flags_parser=parse_flags)
+
+
+def check_workdir(workdir: str) -> None:
+  """One line and exit 2 when ``--workdir`` cannot hold the experiment — a file, under a
+  file, or in a directory this process may not write — before any work (nothing is
+  created here). Cloud paths (``gs://…``) are checked by their first write."""
+  if not workdir or "://" in workdir:
+    return
+  path = pathlib.Path(workdir).absolute()
+  existing = next(p for p in (path, *path.parents) if p.exists())
+  if not existing.is_dir():
+    fail(f"--workdir={workdir}: {'is' if existing == path else 'lies under'} a file "
+         f"({existing}), not a directory; give a directory")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    fail(f"--workdir={workdir}: cannot write in {existing} (permission denied); give a "
+         f"directory you can write")
 
 
 def config_from_flags(fv: flags.FlagValues = flags.FLAGS) -> Config:

@@ -102,6 +102,7 @@ def start(argv: Sequence[str]) -> Config:
   if not flags.FLAGS["verbosity"].present:   # Orbax logs every save at INFO
     logging.set_verbosity(logging.WARNING)
   fv = flags.FLAGS
+  cli.check_workdir(fv.workdir)
   if fv.compile_for:   # abstract TPU devices only; this machine's backend is the CPU
     jax.config.update("jax_platforms", "cpu")
   if not fv.config_help:

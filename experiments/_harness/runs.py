@@ -93,7 +93,7 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
 
   def quiet(*args, **kwargs):   # a run's own lines only with --verbose
     text = " ".join(str(a) for a in args)
-    if verbose or text.startswith(("Resumed", "Preempted")):
+    if verbose or text.startswith(("Resumed", "Preempted", "Checkpoint step", "  moved to")):
       print_fn(text, **kwargs)
 
   start_time = time.perf_counter()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from experiments._harness import cli
 from tests.experiments import _cli
 
 TRAIN = ()
@@ -107,13 +108,26 @@ CASES = [
     ("deep_linear", E7, "--inits=foo", "--inits=foo"),
     ("deep_linear", E7, "--lr_scaling=foo", "--lr_scaling"),
 ]
+# Paths, in every module: checked before anything is loaded ({file}: an existing file).
+_MODULES = {"train": TRAIN, "resnet50": E1, "vgg6_imagenet32": E2, "uci": E3, "gmp_toys": E4,
+            "critical_tanh": E5, "seq_mnist": E6, "deep_linear": E7}
+CASES += [(m, base, "--workdir={file}", "--workdir={file}: is a file")
+          for m, base in _MODULES.items()]
+CASES += [(m, base, "--workdir={file}/sub", "lies under a file") for m, base in _MODULES.items()]
+CASES += [(m, (), "--flagfile=experiments/flags/nope.flags",
+           "--flagfile=experiments/flags/nope.flags: cannot open it")
+          for m in _MODULES if m != "train"]   # train's is above
 
 
 @pytest.mark.parametrize("module,base,bad,fragment", CASES,
                          ids=[f"{m}:{b}" for m, _, b, _ in CASES])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, module, base, bad, fragment):
   workdir = tmp_path / "w"
-  bad = bad.replace("{tmp}", str(tmp_path / "no_data")).split(" ")
+  a_file = tmp_path / "a_file"
+  a_file.write_text("not a directory")
+  bad = bad.replace("{tmp}", str(tmp_path / "no_data")).replace("{file}", str(a_file))
+  fragment = fragment.replace("{file}", str(a_file))
+  bad = bad.split(" ")
   proc = _cli.run(module, *base, f"--workdir={workdir}", *bad, devices=8, timeout=300,
                   check=False)
   lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -125,6 +139,17 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, module, base, ba
 
 
 def test_at_least_forty_bad_inputs_across_every_experiment():
-  assert len(CASES) >= 40
+  assert len(CASES) >= 60
   assert {m for m, *_ in CASES} == {"train", "resnet50", "vgg6_imagenet32", "uci", "gmp_toys",
                                     "critical_tanh", "seq_mnist", "deep_linear"}
+
+
+def test_a_workdir_without_write_permission_is_one_line(tmp_path, monkeypatch, capsys):
+  # Simulated (the tests may run as root, whom a read-only directory does not stop).
+  monkeypatch.setattr(cli.os, "access", lambda path, mode: False)
+  with pytest.raises(SystemExit) as e:
+    cli.check_workdir(str(tmp_path / "new" / "w"))
+  assert e.value.code == 2
+  assert capsys.readouterr().err == (f"error: --workdir={tmp_path}/new/w: cannot write in "
+                                     f"{tmp_path} (permission denied); give a directory you "
+                                     f"can write\n")
