@@ -17,6 +17,7 @@ from orthojax.train import data as data_lib
 from orthojax.train import registry
 from orthojax.train.config import Config
 from orthojax.train.config import flatten
+from orthojax.train.fingerprint import FIT
 
 # Keys a resumed run may change: where and how often it logs, evaluates and saves, the
 # devices and mesh it runs on (and whether its update is owner-sharded: checkpoints hold
@@ -31,20 +32,29 @@ RESUMABLE_KEYS = ("workdir", "data.data_dir", "log_every", "eval_every", "checkp
 LENGTH_KEYS = ("num_steps", "num_epochs")   # resumable with a constant or plateau schedule
 
 
-def resume_differences(saved: dict[str, Any], config: Config) -> list[str]:
+def resume_differences(saved: dict[str, Any], config: Config,
+                       recorded: Mapping[str, Any] | None = None) -> list[str]:
   """``config.key=value (checkpoint: value)`` for each key that may not change on resume.
 
-  Keys the checkpoint does not record (written by an older orthojax) are not compared.
+  ``recorded``: what the run trains when it is not all in ``config`` (a
+  :func:`~orthojax.train.trainer.fit` run: its model and optimizer objects, described by
+  :mod:`orthojax.train.fingerprint`); default ``config.to_dict()``. Keys the checkpoint
+  does not record (written by an older orthojax) are not compared.
   """
-  now, then = flatten(_with_defaults(config.to_dict())), flatten(_with_defaults(migrate(saved)))
+  recorded = config.to_dict() if recorded is None else dict(recorded)
+  now, then = flatten(_with_defaults(recorded)), flatten(_with_defaults(migrate(saved)))
   allowed = set(RESUMABLE_KEYS)
   if config.schedule in ("constant", "plateau"):
     allowed |= set(LENGTH_KEYS)
   if not isinstance(saved.get("model"), Mapping):
     return []   # a flat config of orthojax < 0.2: not comparable, not compared
+  fit = lambda tree: isinstance(tree.get("model"), Mapping) and tree["model"].get("name") == FIT
+  unrecorded = ()
+  if fit(recorded) != fit(saved):   # a fit run saved before its objects were recorded
+    unrecorded = ("model.", "optimizer.", "data.", "penalty")
   keys = sorted(set(now) | set(then))
   return [f"config.{k}={now.get(k)!r} (checkpoint: {then.get(k)!r})" for k in keys
-          if k not in allowed and now.get(k) != then.get(k)]
+          if k not in allowed and now.get(k) != then.get(k) and not k.startswith(unrecorded)]
 
 
 def migrate(saved: Mapping[str, Any]) -> dict[str, Any]:

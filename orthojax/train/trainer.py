@@ -49,10 +49,13 @@ import os
 import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-import jax
 from etils import epath
+from flax import nnx
+import jax
+import optax
 
 from orthojax.train import checkpoint as ckpt_lib
+from orthojax.train import fingerprint
 from orthojax.train import inputs
 from orthojax.train import mesh as mesh_lib
 from orthojax.train import metrics as metrics_lib
@@ -212,7 +215,13 @@ def fit(model_fn: ModelFn, optimizer: OptimizerArg, train_data: inputs.TrainSour
     config: the run's config; ``num_steps`` sets the length (there is no
       epoch without a dataset size), the mesh, checkpoint, logging, loss,
       ``nan_policy`` and ``compute_dtype`` fields apply as for the zoo models;
-      the model, optimizer and dataset fields are not used.
+      the model, optimizer, penalty and dataset fields are not used. In their place
+      ``config.json`` and every checkpoint record what fit was given: the model's
+      variables (paths, types, dtypes, shapes) and the optimizer's closure tree
+      (:mod:`orthojax.train.fingerprint`: every value its ``update`` captured, a
+      learning rate or a schedule's boundaries among them). Rerunning in the same
+      workdir resumes only the same run: another model or optimizer is refused with
+      the list of what differs.
     eval_data: batches to evaluate on (``() -> batches`` or a re-iterable; up to
       ``config.eval_batch_size or config.batch_size`` rows per process, padded
       and masked here); None: no evaluation.
@@ -249,9 +258,25 @@ def fit(model_fn: ModelFn, optimizer: OptimizerArg, train_data: inputs.TrainSour
   devices = list(jax.devices() if devices is None else devices)
   program = build_program(config, info, devices=devices, num_processes=jax.process_count(),
                           model_fn=model_fn, optimizer=optimizer)
+  record = _fit_record(config, info, model_fn, optimizer)
   with WorkdirLock(config.workdir, print_fn):
     source = inputs.IterableInput(train_data, eval_data)
-    return Loop(compile_program(program), source, hooks, print_fn).run()
+    return Loop(compile_program(program), source, hooks, print_fn, record).run()
+
+
+def _fit_record(config: Config, info: Any, model_fn: ModelFn,
+                optimizer: OptimizerArg) -> dict[str, Any]:
+  """What a fit run trains (:mod:`orthojax.train.fingerprint`) in place of the config's
+  model, optimizer, data and penalty sections, which fit does not use. The optimizer is
+  described as the user built it (a function of the model is called once more, outside
+  the owner-sharded build, whose devices a resumed run may change)."""
+  abstract = nnx.eval_shape(lambda: model_fn(nnx.Rngs(config.seed)))
+  tx = optimizer if isinstance(optimizer, optax.GradientTransformation) else optimizer(abstract)
+  return {**config.to_dict(), "model": fingerprint.describe_model(abstract),
+          "optimizer": {fingerprint.FIT: fingerprint.describe_transform(tx)},
+          "data": {"name": fingerprint.FIT, "task": info.task,
+                   "x": f"float32{list(info.input_shape)}"},
+          "penalty": None}
 
 
 
@@ -259,8 +284,11 @@ class Loop:
   """The training loop over a compiled program and its input (one instance per run)."""
 
   def __init__(self, compiled: CompiledProgram, source: inputs.Input, hooks: tuple[Hook, ...],
-               print_fn=print):
+               print_fn=print, record: dict[str, Any] | None = None):
     self.compiled = compiled
+    # What the run trains, for config.json, the checkpoints and the resume check: the
+    # config, or what fit() was given (orthojax.train.fingerprint).
+    self.record = record if record is not None else compiled.program.config.to_dict()
     self.source = source
     self.program = program = compiled.program
     self.config = config = program.config
@@ -289,7 +317,7 @@ class Loop:
     self.interval.load_state_dict(self.loop.interval)
     if config.workdir and jax.process_index() == 0:   # the run's flags, beside its results
       path = epath.Path(config.workdir) / "config.json"
-      path.write_text(json.dumps(config.to_dict(), indent=1))
+      path.write_text(json.dumps(self.record, indent=1))
     self.step = int(jax.device_get(self.state.step))
     self.saved_step = self.step if self.restored else None
     self.hook_steps = {round(e * program.steps_per_epoch) for e in config.hooks.epochs}
@@ -307,12 +335,15 @@ class Loop:
     self.restored = latest is not None
     if latest is None:
       return self.program.init()
-    changed = resume_differences(self.checkpointer.meta(latest).get("config", {}), self.config)
+    changed = resume_differences(self.checkpointer.meta(latest).get("config", {}), self.config,
+                                 recorded=self.record)
     if changed:
       self.checkpointer.close()
+      own = ("the model and optimizer it was started with"
+             if self.record["model"].get("name") == fingerprint.FIT else "the run's own config")
       raise ConfigError(f"config.workdir={self.config.workdir!r}: its checkpoint (step "
-                        f"{latest}) is of another run: {', '.join(changed)}; resume with the "
-                        f"run's own config or use a new workdir")
+                        f"{latest}) is of another run: {', '.join(changed)}; resume with "
+                        f"{own} or use a new workdir")
     # Checkpoints hold the optimizer state in the replicated layout (Program.to_saved): it
     # restores onto any mesh, owner-sharded or not.
     state, meta = self.checkpointer.restore(latest, self.program.abstract_saved_state())
@@ -372,7 +403,7 @@ class Loop:
     if self.saved_step == self.step:
       return
     self.loop.interval = self.interval.state_dict()
-    meta = {**dataclasses.asdict(self.loop), "config": self.config.to_dict()}
+    meta = {**dataclasses.asdict(self.loop), "config": self.record}
     best = self.best_state if self.config.restore_best else None
     self.checkpointer.save(self.step, self.program.to_saved(self.state), meta,
                            best=None if best is None else self.program.to_saved(best))

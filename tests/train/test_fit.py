@@ -9,6 +9,7 @@ are one line.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -181,3 +182,49 @@ def test_a_stream_that_ends_early_is_one_line():
     fit(_Tiny, optax.adam(1e-3), short, Config(batch_size=8, num_steps=5), devices=[_cpu()],
         print_fn=lambda *a, **k: None)
   assert "\n" not in str(err.value)
+
+
+class _Wide(nnx.Module):
+  def __init__(self, rngs, width=2):
+    self.dense = nnx.Linear(3, width, rngs=rngs)
+
+  def __call__(self, x):
+    return self.dense(x)
+
+
+def _fit(tmp_path, model_fn, tx, num_steps):
+  return fit(model_fn, tx, _batches(), Config(batch_size=8, num_steps=num_steps, log_every=2,
+                                              workdir=str(tmp_path / "run"),
+                                              checkpoint={"every_steps": 2}),
+             devices=[_cpu()], print_fn=lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("model_fn, tx, message", [
+    (_Tiny, optax.adam(5e-3), "config.optimizer.fit.update.update_fns.1.tx.update.step_size="
+                              "-0.005 (checkpoint: -0.001)"),
+    (_Tiny, optax.sgd(1e-3), "config.optimizer.fit.update"),
+    (lambda rngs: _Wide(rngs, width=4), optax.adam(1e-3),
+     "config.model.variables.dense.kernel='Param float32[3, 4]' (checkpoint: 'Param "
+     "float32[3, 2]')"),
+])
+def test_resume_with_another_model_or_optimizer_is_refused(tmp_path, model_fn, tx, message):
+  _fit(tmp_path, _Tiny, optax.adam(1e-3), 2)
+  assert _fit(tmp_path, _Tiny, optax.adam(1e-3), 4).final_step == 4   # the same run resumes
+  with pytest.raises(ConfigError) as err:
+    _fit(tmp_path, model_fn, tx, 6)
+  assert message in str(err.value), str(err.value)
+  assert "resume with the model and optimizer it was started with" in str(err.value)
+  assert "\n" not in str(err.value)
+
+
+def test_config_json_records_what_fit_trained(tmp_path):
+  _fit(tmp_path, _Tiny, optax.adam(1e-3), 2)
+  recorded = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert recorded["model"] == {"name": "fit", "class": f"{__name__}._Tiny", "variables": {
+      "dense.bias": "Param float32[2]", "dense.kernel": "Param float32[3, 2]"}}
+  assert recorded["data"] == {"name": "fit", "task": "classification", "x": "float32[3]"}
+  assert recorded["penalty"] is None
+  update = recorded["optimizer"]["fit"]["update"]
+  assert update["fn"].endswith("chain.<locals>.update_fn")
+  assert update["update_fns"]["0"]["tx"]["update"]["b1"] == 0.9
+  assert update["update_fns"]["1"]["tx"]["update"]["step_size"] == -1e-3
