@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 import numpy as np
 
@@ -68,6 +68,7 @@ class IterableInput:
 
   train_data: TrainSource
   eval_data: EvalSource | Iterable[Batch] = None
+  example: Batch | None = None   # the first batch: every later one has its dtypes and shapes
 
   def train(self, *, batch_size: int, start_batch: int, seed: int) -> Iterator[Batch]:
     del seed   # the user's stream fixes its own order
@@ -76,11 +77,20 @@ class IterableInput:
     else:
       passes = itertools.chain.from_iterable(itertools.repeat(self.train_data))
       stream = itertools.islice(passes, start_batch, None)
-    for batch in stream:
+    for index, batch in enumerate(stream, start_batch):
+      _check_keys(batch, "train_data")
       rows = len(batch["y"])
       if rows != batch_size:
         raise ValueError(f"train_data: a batch of {rows} rows; each process must yield "
                          f"config.batch_size / process count = {batch_size}")
+      if self.example is not None:
+        for key in ("x", "y"):
+          want, got = np.asarray(self.example[key]), np.asarray(batch[key])
+          if got.dtype != want.dtype or got.shape[1:] != want.shape[1:]:
+            raise ValueError(f"train_data: batch {index} has {key} {got.dtype}"
+                             f"{list(got.shape)}, the first had {want.dtype}"
+                             f"{list(want.shape)}; every batch has the first's dtypes and "
+                             f"shapes (the step is compiled for them)")
       yield batch
 
   def eval(self, *, batch_size: int, split: str) -> Iterable[Batch] | None:
@@ -94,6 +104,7 @@ class IterableInput:
 
 def _masked(batch: Batch, batch_size: int) -> Batch:
   """A user's eval batch padded to ``batch_size`` rows, with ``mask`` marking the real ones."""
+  _check_keys(batch, "eval_data")
   rows = len(batch["y"])
   if rows > batch_size:
     raise ValueError(f"eval_data: a batch of {rows} rows; at most {batch_size} per process")
@@ -102,8 +113,16 @@ def _masked(batch: Batch, batch_size: int) -> Batch:
   return {"x": pad(np.asarray(batch["x"])), "y": pad(np.asarray(batch["y"])), "mask": pad(mask)}
 
 
+def _check_keys(batch: Any, argument: str) -> None:
+  if not isinstance(batch, Mapping) or not {"x", "y"} <= set(batch):
+    got = f"keys {sorted(batch)}" if isinstance(batch, Mapping) else type(batch).__name__
+    raise ValueError(f"{argument}: each batch is a dict {{'x': float32 (batch, ...), 'y': "
+                     f"(batch,)}}; got {got}")
+
+
 def info_from_batch(batch: Batch, num_train: int) -> DatasetInfo:
   """A :class:`DatasetInfo` read off one batch: integer ``y`` means classification."""
+  _check_keys(batch, "train_data")
   x, y = np.asarray(batch["x"]), np.asarray(batch["y"])
   if x.dtype != np.float32 or y.ndim != 1:
     raise ValueError(f"train_data: batches are {{'x': float32 (batch, ...), 'y': (batch,)}}; "

@@ -326,6 +326,12 @@ def _check_loss(config: Config, info: Any) -> None:
   classification = info.task == "classification"
   if classification != (config.loss == "cross_entropy"):
     want = "cross_entropy" if classification else "mse or mae"
+    if info.name == "user":   # fit's own batches: their y says which task it is
+      labels = ("int32 class labels" if classification else "float32 regression targets")
+      other = ("float32 targets" if classification else "int32 class labels")
+      loss = "'cross_entropy'" if classification else "'mse' or 'mae'"
+      raise ConfigError(f"config.loss={config.loss!r}: train_data's y are {labels}; set "
+                        f"loss={loss}, or give {other}")
     raise ConfigError(f"config.loss={config.loss!r}: {info.name} is a {info.task} task; "
                       f"use {want}")
 

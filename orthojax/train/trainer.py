@@ -43,6 +43,7 @@ uninterrupted one.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -103,6 +104,8 @@ class TrainResult:
     best_state: the state of the best evaluation (``config.restore_best``), else None.
     split_metrics: ``{split: metrics}`` for each of ``config.final_eval_splits``,
       of the same state as ``eval_metrics``.
+    model: the trained ``nnx`` model (eval mode) holding ``state``'s parameters and
+      statistics (:meth:`orthojax.train.program.Program.model`).
   """
 
   final_step: int
@@ -113,6 +116,7 @@ class TrainResult:
   state: TrainState
   best_state: TrainState | None = None
   split_metrics: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+  model: Any = None
 
 
 @dataclasses.dataclass
@@ -188,6 +192,7 @@ def train(config: Config, *, hooks: tuple[Hook, ...] = (),
   # Checked by building (model and optimizer constructed, abstractly) before the workdir is
   # touched: a bad key or section leaves nothing behind.
   program = build_program(config, info, devices=devices, num_processes=jax.process_count())
+  print_fn = _console(print_fn)
   with WorkdirLock(config.workdir, print_fn):   # before anything is read or written there
     source = inputs.RegisteredInput(config.data["name"], config.options, config.data_dir)
     return Loop(compile_program(program), source, hooks, print_fn).run()
@@ -229,12 +234,24 @@ def fit(model_fn: ModelFn, optimizer: OptimizerArg, train_data: inputs.TrainSour
       every ``config.hooks.every_steps`` steps.
     devices: the devices to build the mesh over (default: all).
 
+    print_fn: console output: any callable of the line (``print``, ``logging.info``,
+      ``list.append``).
+
   Returns:
-    The :class:`~orthojax.train.trainer.TrainResult` (final state, metrics, …).
+    The :class:`~orthojax.train.trainer.TrainResult`: ``result.model`` is the trained
+    ``nnx`` model (eval mode), ``result.state`` the final train state, the metrics.
 
   Raises:
-    ConfigError: a config or data that cannot work, in one line.
+    ConfigError: a config, argument or data that cannot work, in one line naming it.
   """
+  if isinstance(model_fn, nnx.Module) or not callable(model_fn):
+    raise ConfigError(f"model_fn: got {'a model instance' if callable(model_fn) else 'a'} "
+                      f"{type(model_fn).__name__}; pass a function rngs -> model (the class "
+                      f"itself, or lambda rngs: Net(..., rngs=rngs)), which fit builds "
+                      f"abstractly first to size and shard it")
+  if not (isinstance(optimizer, optax.GradientTransformation) or callable(optimizer)):
+    raise ConfigError(f"optimizer: got a {type(optimizer).__name__}; pass an optax "
+                      f"GradientTransformation or a function model -> one")
   if not config.num_steps:
     raise ConfigError("num_steps: fit() trains for a number of steps; set num_steps > 0 "
                       "(num_epochs needs a registered dataset's size)")
@@ -259,9 +276,22 @@ def fit(model_fn: ModelFn, optimizer: OptimizerArg, train_data: inputs.TrainSour
   program = build_program(config, info, devices=devices, num_processes=jax.process_count(),
                           model_fn=model_fn, optimizer=optimizer)
   record = _fit_record(config, info, model_fn, optimizer)
+  print_fn = _console(print_fn)
   with WorkdirLock(config.workdir, print_fn):
-    source = inputs.IterableInput(train_data, eval_data)
+    source = inputs.IterableInput(train_data, eval_data, example=first)
     return Loop(compile_program(program), source, hooks, print_fn, record).run()
+
+
+def _console(print_fn: Callable[..., Any]) -> Callable[..., Any]:
+  """``print_fn`` called as ``print`` is (``flush=True``), or with the line alone when it
+  takes no keywords."""
+  try:
+    parameters = inspect.signature(print_fn).parameters.values()
+  except (TypeError, ValueError):   # a builtin without a signature: called as print is
+    return print_fn
+  if any(p.kind == p.VAR_KEYWORD or p.name == "flush" for p in parameters):
+    return print_fn
+  return lambda *args, **kwargs: print_fn(" ".join(map(str, args)))
 
 
 def _fit_record(config: Config, info: Any, model_fn: ModelFn,
@@ -499,7 +529,7 @@ class Loop:
                        eval_metrics=eval_metrics, best_eval=best, preempted=preempted,
                        state=self.state,
                        best_state=self.best_state if config.restore_best else None,
-                       split_metrics=split_metrics)
+                       split_metrics=split_metrics, model=self.program.model(self.state))
 
   def _hook_due(self, step: int) -> bool:
     """Whether ``config.hooks`` schedules the hooks after ``step`` updates."""

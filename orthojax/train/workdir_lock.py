@@ -46,7 +46,7 @@ class WorkdirLock:
     if self.workdir is None or jax.process_index() != 0:
       return self
     if "://" in self.workdir:
-      self.print(f"Note: --workdir={self.workdir} is an object store; runs there are not "
+      self.print(f"Note: workdir {self.workdir} is an object store; runs there are not "
                  f"locked against each other", flush=True)
       return self
     import fcntl  # pylint: disable=g-import-not-at-top  (POSIX only)
@@ -55,15 +55,15 @@ class WorkdirLock:
       os.makedirs(self.workdir, exist_ok=True)
       fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-      raise ConfigError(f"--workdir={self.workdir}: cannot write there ({e.strerror}); give a "
+      raise ConfigError(f"workdir {self.workdir}: cannot write there ({e.strerror}); give a "
                         f"writable directory") from None
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
       holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
       os.close(fd)
-      raise ConfigError(f"--workdir={self.workdir}: in use by {holder}; one run per workdir "
-                        f"(wait for it, stop it, or choose another --workdir)") from None
+      raise ConfigError(f"workdir {self.workdir}: in use by {holder}; one run per workdir "
+                        f"(wait for it, stop it, or choose another workdir)") from None
     os.ftruncate(fd, 0)
     started = datetime.datetime.now().isoformat(timespec="seconds")
     os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {started}\n".encode())

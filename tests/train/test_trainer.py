@@ -330,7 +330,7 @@ def test_one_run_per_workdir(tmp_path):
       """)], stdout=subprocess.PIPE, text=True, env=_env(1), cwd=_REPO)
   try:
     assert holder.stdout.readline().strip() == "locked"
-    with pytest.raises(ConfigError, match=rf"--workdir=.*in use by pid {holder.pid} on") as err:
+    with pytest.raises(ConfigError, match=rf"workdir .*in use by pid {holder.pid} on") as err:
       trainer.train(_BASE.replace(workdir=workdir), print_fn=lambda *a, **k: None)
     assert "\n" not in str(err.value)
   finally:
