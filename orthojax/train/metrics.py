@@ -159,7 +159,14 @@ class MetricsWriter:
       if self._last is not None and step > self._last[0]:
         rate = (step - self._last[0]) / max(now - self._last[1], 1e-9)
         values.setdefault("steps_per_sec", rate)
-      self._last = (step, now)
+    try:
+      return self._write(step, values, split, console)
+    finally:   # the next interval starts after this line is written: steps/s and the ETA
+      if split == "train":   # count training, not the first TensorBoard write's set-up
+        self._last = (step, time.perf_counter())
+
+  def _write(self, step: int, values: dict[str, float], split: str,
+             console: bool) -> dict[str, float]:
     if not self.is_writer:
       return values
     if self._jsonl is not None:
