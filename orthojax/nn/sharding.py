@@ -42,5 +42,14 @@ def stacked(names: tuple[str | None, ...]) -> tuple[str | None, ...]:
 
 
 def metadata(names: tuple[str | None, ...]) -> dict[str, Any]:
-  """Variable metadata recording ``names`` without sharding eagerly."""
-  return {"out_sharding": tuple(names), "eager_sharding": False}
+  """Variable metadata recording ``names`` without sharding eagerly.
+
+  A parameter whose axes are not a kernel's (no ``fan_in`` and ``fan_out``: a bias, a
+  scale, GmP's angles, a generator) also records ``matrix_view=False``: it is not a
+  matrix, so :func:`orthojax.nn.matrix_views` says so and Muon, the penalties and the
+  manifold optimizers leave it to their Euclidean fallback.
+  """
+  out = {"out_sharding": tuple(names), "eager_sharding": False}
+  if not (FAN_IN in names and FAN_OUT in names):
+    out["matrix_view"] = False
+  return out

@@ -68,7 +68,13 @@ def add_orthogonality_penalty(
     mask: which leaves to penalise (None: every leaf with >= 2 axes), as in
       :func:`orthojax.penalties.tree_penalty`.
     views: matrix views of the leaves, as in
-      :func:`orthojax.penalties.tree_penalty`.
+      :func:`orthojax.penalties.tree_penalty`. Pass ``oj.nn.matrix_views(model)``
+      for an ``oj.nn`` / ``oj.models`` network: the leaves that are not matrices
+      (GmP's angles ``theta``, stacked biases and scales; ``False`` in that tree)
+      are then left alone. Optax hands this transform bare arrays, which cannot say
+      that themselves: without ``views`` a 2-D array of GmP angles is penalised as a
+      matrix. (The trainer passes the model's own mask,
+      :func:`orthojax.train.model_zoo.penalty_mask`.)
     reduction: ``"sum"`` or ``"mean"``, passed to a named penalty. A callable
       ``kind`` takes no reduction, so it must be left at ``"sum"``.
     iterations: power iterations of ``"srip"``'s spectral-norm estimate

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+import orthojax as oj
 from orthojax.train import registry
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
@@ -95,12 +96,16 @@ def penalty_mask(model: nnx.Module, params: Any) -> Any:
   """Which params a soft-orthogonality penalty acts on.
 
   Those the model's ``PENALIZED`` attribute names (:attr:`orthojax.models.SequenceRNN.PENALIZED`:
-  the recurrent kernel only); without one, every matrix-view leaf (rank ≥ 2) except
-  GmP angles ``theta``, which are coordinates, not a matrix.
+  the recurrent kernel only); without one, every leaf of rank ≥ 2 that is a matrix — not
+  those whose metadata says otherwise (``matrix_view=False``: GmP's angles, stacked
+  biases and scales; :func:`orthojax.nn.matrix_views`).
   """
   names = getattr(model, "PENALIZED", None)
   if names is not None:
     return jax.tree_util.tree_map_with_path(
         lambda path, _: any(f"'{n}'" in jax.tree_util.keystr(path) for n in names), params)
+  is_view = lambda v: v is None or v is False or oj.linalg.is_view(v)
+  views = dict(jax.tree_util.tree_flatten_with_path(oj.nn.matrix_views(model),
+                                                    is_leaf=is_view)[0])
   return jax.tree_util.tree_map_with_path(
-      lambda path, x: len(x.shape) >= 2 and "'theta'" not in jax.tree_util.keystr(path), params)
+      lambda path, x: len(x.shape) >= 2 and views.get(path) is not False, params)

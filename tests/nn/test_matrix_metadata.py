@@ -1,0 +1,97 @@
+"""Every parameter of every ``oj.nn`` layer and ``oj.models`` model says whether it is a
+matrix: a kernel (its axes have ``fan_in`` and ``fan_out``) or ``matrix_view=False`` (a
+bias, a scale, GmP's angles and radii, a generator) — and Muon, the zoo's penalty mask
+and the views tree follow it."""
+
+from __future__ import annotations
+
+from flax import nnx
+import jax
+import pytest
+
+import orthojax as oj
+from orthojax.nn import sharding
+from orthojax.train import model_zoo
+
+R = lambda: nnx.Rngs(0)
+LAYERS = {
+    "GmPDense": lambda: oj.nn.GmPDense(4, 3, rngs=R()),
+    "GmPConv": lambda: oj.nn.GmPConv(2, 3, 3, rngs=R()),
+    "InputMeanNorm": lambda: oj.nn.InputMeanNorm(3, rngs=R()),
+    "ManifoldLinear stiefel": lambda: oj.nn.ManifoldLinear(4, 3, rngs=R()),
+    "ManifoldLinear oblique": lambda: oj.nn.ManifoldLinear(4, 3, manifold="oblique", rngs=R()),
+    "MeanOnlyBatchNorm": lambda: oj.nn.MeanOnlyBatchNorm(3, rngs=R()),
+    "OrthogonalDense cayley": lambda: oj.nn.OrthogonalDense(4, 3, learn_gain=True, rngs=R()),
+    "OrthogonalDense householder": lambda: oj.nn.OrthogonalDense(
+        4, 4, parametrization="householder", rngs=R()),
+    "OrthogonalConv": lambda: oj.nn.OrthogonalConv(2, 3, 3, rngs=R()),
+    "WeightNormDense": lambda: oj.nn.WeightNormDense(4, 3, rngs=R()),
+    "WeightNormConv": lambda: oj.nn.WeightNormConv(2, 3, 3, rngs=R()),
+}
+MODELS = {
+    **{f"MLP {v}": (lambda v=v: oj.models.MLP(3, 4, 2, variant=v, rngs=R()))
+       for v in oj.models.MLP.VARIANTS},
+    **{f"DeepMLP {w}": (lambda w=w: oj.models.DeepMLP(5, 3, 4, 2, q_star=0.5, weights=w,
+                                                      rngs=R()))
+       for w in oj.models.DeepMLP.WEIGHTS},
+    "DeepLinear": lambda: oj.models.DeepLinear(3, 4, 5, 2, rngs=R()),
+    **{f"ResNet18 {n}": (lambda n=n: oj.models.ResNet(18, n, 10, rngs=R()))
+       for n in ("bn", "wn_mbn", "gmp_imn")},
+    **{f"VGG6 {v}": (lambda v=v: oj.models.VGG6(v, 10, widths=(4, 4, 4), rngs=R()))
+       for v in oj.models.VGG6.VARIANTS},
+    "SequenceRNN": lambda: oj.models.SequenceRNN(3, 4, 2, rngs=R()),
+    "SequenceRNN stiefel": lambda: oj.models.SequenceRNN(3, 4, 2, recurrent="stiefel", recurrent_init="orthogonal",
+                                                         rngs=R()),
+}
+
+
+def _params(module):
+  flat = nnx.to_flat_state(nnx.state(module, nnx.Param))
+  return {path: variable for path, variable in flat}
+
+
+@pytest.mark.parametrize("build", [*LAYERS.values(), *MODELS.values()],
+                         ids=[*LAYERS, *MODELS])
+def test_every_parameter_says_whether_it_is_a_matrix(build):
+  module = nnx.eval_shape(build)
+  for path, variable in _params(module).items():
+    meta = variable.get_metadata()
+    axes = meta.get("out_sharding") or ()
+    kernel = (sharding.FAN_IN in axes and sharding.FAN_OUT in axes) or isinstance(
+        variable, oj.nn.ManifoldParam) or (not axes and variable.ndim in (2, 4)
+                                           and path[-1] in ("kernel",))
+    view = meta.get("matrix_view")
+    name = "/".join(map(str, path))
+    if kernel:
+      assert view is not False, f"{name}: a kernel marked not-a-matrix"
+    else:
+      assert view is False or variable.ndim < 2, (
+          f"{name} {variable.shape} axes {axes}: not a matrix, but its metadata does not "
+          f"say so (matrix_view=False)")
+
+
+@pytest.mark.parametrize("build", [MODELS["MLP gmp"], MODELS["DeepMLP stiefel"],
+                                   MODELS["ResNet18 gmp_imn"]], ids=["MLP gmp", "DeepMLP",
+                                                                     "ResNet18 gmp_imn"])
+def test_muon_and_the_penalty_mask_leave_non_matrices_alone(build):
+  model = nnx.eval_shape(build)
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  views = oj.nn.matrix_views(model)
+  dims = oj.optim.muon_dimension_numbers(params, views)
+  mask = model_zoo.penalty_mask(model, params)
+  marked = dict(jax.tree_util.tree_flatten_with_path(
+      views, is_leaf=lambda v: v is None or v is False or oj.linalg.is_view(v))[0])
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    dim = _get(dims, path)
+    if marked[path] is False:
+      assert dim is None and not _get(mask, path), jax.tree_util.keystr(path)
+    elif leaf.ndim >= 2:
+      assert dim is not None and _get(mask, path), jax.tree_util.keystr(path)
+  if "theta" in str(jax.tree_util.tree_structure(params)):
+    assert any(v is False for p, v in marked.items() if "theta" in jax.tree_util.keystr(p))
+
+
+def _get(tree, path):
+  for key in path:
+    tree = tree[key.key]
+  return tree
