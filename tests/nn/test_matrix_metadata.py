@@ -95,3 +95,16 @@ def _get(tree, path):
   for key in path:
     tree = tree[key.key]
   return tree
+
+
+def test_the_penalty_leaves_gmp_angles_alone_given_the_models_views():
+  model = oj.models.MLP(3, 4, 2, variant="gmp", rngs=R())
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  zeros = jax.tree.map(jax.numpy.zeros_like, params)
+  with_views = oj.optim.add_orthogonality_penalty("so", 1.0, views=oj.nn.matrix_views(model))
+  updates, _ = with_views.update(zeros, with_views.init(params), params)
+  assert not jax.numpy.any(updates["hidden"]["layer"]["theta"])
+  assert jax.numpy.any(updates["out"]["kernel"])   # the kernel is still penalised
+  bare = oj.optim.add_orthogonality_penalty("so", 1.0)   # arrays alone cannot say it
+  updates, _ = bare.update(zeros, bare.init(params), params)
+  assert jax.numpy.any(updates["hidden"]["layer"]["theta"])
