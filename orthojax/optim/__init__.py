@@ -6,7 +6,8 @@ Optimizers: :func:`rsgd`, :func:`radam`, :func:`projected_gradient`,
 :func:`cayley_sgd`, :func:`cayley_adam`, :func:`landing`, :func:`muon`,
 :func:`stiefel_muon`; :func:`fused_stiefel_adam` is ``radam``'s fused Stiefel
 path. Regularisation: :func:`add_orthogonality_penalty`.
-Routing: :func:`partition`. Pod scale: :func:`shard_update` (each matrix's update
+Routing: :func:`partition` (:func:`keeps_manifold` tells which transformations keep
+a manifold leaf on its manifold). Pod scale: :func:`shard_update` (each matrix's update
 computed once, by its owner device), :func:`sharded_updates`,
 :func:`replicated_state` / :func:`sharded_state`.
 """
@@ -18,6 +19,7 @@ from orthojax.optim._cayley import CayleyState
 from orthojax.optim._cayley import cayley_adam
 from orthojax.optim._cayley import cayley_sgd
 from orthojax.optim._fused import fused_stiefel_adam
+from orthojax.optim._keeps import keeps_manifold
 from orthojax.optim._landing import LandingState
 from orthojax.optim._landing import landing
 from orthojax.optim._muon import muon

@@ -49,6 +49,7 @@ import optax
 from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import cayley_generator, polish
+from orthojax.optim._keeps import retracting
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
 from orthojax.optim._sharded import owner_sharded
@@ -117,6 +118,7 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
 
 
 @owner_sharded
+@retracting
 def cayley_sgd(
     learning_rate: optax.ScalarOrSchedule,
     momentum: float = 0.9,
@@ -147,6 +149,7 @@ def cayley_sgd(
 
 
 @owner_sharded
+@retracting
 def cayley_adam(
     learning_rate: optax.ScalarOrSchedule,
     b1: float = 0.9,

@@ -73,6 +73,7 @@ import optax
 
 from orthojax import linalg
 from orthojax.manifolds import Stiefel, polish
+from orthojax.optim._keeps import retracting
 from orthojax.optim._riemannian import (RetractState, ScaleByRiemannianAdamState,
                                          _SECOND_MOMENTS, _require_params, project_to_tangent,
                                          retract, scale_by_riemannian_adam)
@@ -124,6 +125,7 @@ def cayley_iterative_from_coordinates(x, xi, omega, iterations):
 
 
 @owner_sharded
+@retracting
 def fused_stiefel_adam(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Stiefel,

@@ -58,6 +58,7 @@ import optax
 from orthojax import linalg
 from orthojax.linalg import map_views
 from orthojax.manifolds import polish
+from orthojax.optim._keeps import retracting
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
 from orthojax.optim._sharded import owner_sharded
@@ -86,6 +87,7 @@ def safe_step_size(a, d, lam, eps):
 
 
 @owner_sharded
+@retracting
 def landing(
     learning_rate: optax.ScalarOrSchedule,
     lam: float = 1.0,

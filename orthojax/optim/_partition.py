@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import sys
 from typing import Any, Callable
+import warnings
 
 import jax
 import optax
+
+from orthojax.optim._keeps import keeps_manifold
 
 
 def _variable_labels(tree: Any) -> Any | None:
@@ -75,6 +78,11 @@ def partition(param_labels: Any | Callable[[Any], Any], /,
   Raises:
     ValueError: no transforms, or a label with no transform (when labels are
       first computed, i.e. at ``init``).
+
+  Warns (``UserWarning``), naming the leaves, when labels read from a model send its
+  ``StiefelParam`` / ``ObliqueParam`` leaves to a transformation that does not keep
+  them on their manifold (:func:`orthojax.optim.keeps_manifold`: ``muon``, ``adam``, …
+  rather than ``radam``, ``stiefel_muon``, …).
   """
   if not transforms:
     raise ValueError("partition: give at least one transform, e.g. stiefel=..., euclidean=...")
@@ -85,6 +93,7 @@ def partition(param_labels: Any | Callable[[Any], Any], /,
   from_variables = _variable_labels(param_labels)
   if from_variables is not None:
     param_labels = from_variables
+    _report_drift(from_variables, transforms)
 
   def labels_fn(params):
     labels = param_labels(params) if callable(param_labels) else param_labels
@@ -96,3 +105,21 @@ def partition(param_labels: Any | Callable[[Any], Any], /,
     return labels
 
   return optax.partition(transforms, labels_fn)
+
+
+def _report_drift(labels: Any, transforms: dict[str, optax.GradientTransformation]) -> None:
+  """Warn when a manifold group's transformation would let its leaves leave the manifold."""
+  for label, manifold in (("stiefel", "Stiefel"), ("oblique", "oblique")):
+    tx = transforms.get(label)
+    if tx is None or keeps_manifold(tx):
+      continue
+    leaves = [jax.tree_util.keystr(path) for path, leaf in
+              jax.tree_util.tree_flatten_with_path(labels)[0] if leaf == label]
+    if leaves:
+      shown = ", ".join(leaves[:4]) + (f" and {len(leaves) - 4} more" if len(leaves) > 4 else "")
+      warnings.warn(
+          f"partition: {label}= does not keep its leaves on the {manifold} manifold (it "
+          f"neither retracts nor is a manifold method): {shown} will drift off it. Use "
+          f"oj.optim.radam, rsgd, cayley_adam or landing — oj.optim.stiefel_muon for Muon "
+          f"on the manifold — or make them plain nnx.Param.", UserWarning, stacklevel=3)
+

@@ -32,6 +32,7 @@ import optax
 from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import Manifold
+from orthojax.optim._keeps import retracting
 from orthojax.optim._scope import scoped
 
 _SECOND_MOMENTS = ("elementwise", "matrix")
@@ -173,6 +174,13 @@ def scale_by_riemannian_adam(
     An ``optax.GradientTransformation``; expects Riemannian gradients.
   """
   _check_manifold(manifold, "scale_by_riemannian_adam")
+  # Plain numbers only: a traced one (optax.inject_hyperparams) is the caller's to check.
+  plain = lambda x: isinstance(x, (int, float))
+  for name, b in (("b1", b1), ("b2", b2)):
+    if plain(b) and not 0.0 <= b < 1.0:
+      raise ValueError(f"scale_by_riemannian_adam: {name} must be in [0, 1), got {b}")
+  if plain(eps) and not eps > 0.0:
+    raise ValueError(f"scale_by_riemannian_adam: eps must be > 0, got {eps}")
   if second_moment not in _SECOND_MOMENTS:
     raise ValueError(f"scale_by_riemannian_adam: unknown second_moment={second_moment!r}; "
                      f"choose one of {_SECOND_MOMENTS}")
@@ -228,6 +236,7 @@ class RetractState(NamedTuple):
   count: jnp.ndarray
 
 
+@retracting
 def retract(manifold: Manifold, views: Any = None,
             reorthonormalize_every: int | None = None) -> optax.GradientTransformation:
   """Last link of a Riemannian chain: turns a step ``u`` into ``R_W(u) - W``.

@@ -3,6 +3,8 @@ and says what would be right — fit, partition, the penalties, the optimizers."
 
 from __future__ import annotations
 
+import warnings
+
 from flax import nnx
 import jax
 import numpy as np
@@ -113,3 +115,86 @@ def test_fit_returns_the_trained_model_and_takes_any_print_fn():
   want = x @ np.asarray(result.state.params["dense"]["kernel"]) + np.asarray(
       result.state.params["dense"]["bias"])
   np.testing.assert_allclose(np.asarray(result.model(x)), want, rtol=1e-5, atol=1e-5)
+
+
+
+class _StiefelNet(nnx.Module):
+  def __init__(self, rngs):
+    self.w1 = oj.nn.StiefelParam(oj.manifolds.Stiefel().random(rngs.params(), (6, 3)))
+    self.head = nnx.Linear(3, 2, rngs=rngs)
+
+
+_P = {"w": np.eye(4, 2, dtype=np.float32), "b": np.zeros(2, np.float32)}
+
+LIBRARY_CASES = [
+    # (what is wrong, the call, exception type, the message's start)
+    ("partition without transforms", lambda: oj.optim.partition(lambda p: p), ValueError,
+     "partition: give at least one transform"),
+    ("partition with a number", lambda: oj.optim.partition(lambda p: p, euclidean=0.1),
+     TypeError, "partition: euclidean= must be an optax.GradientTransformation, got 0.1"),
+    ("partition with a label left out", lambda: oj.optim.partition(
+        {"w": "stiefel", "b": "euclidean"}, euclidean=optax.adam(1.0)).init(_P), ValueError,
+     "partition: labels ['stiefel'] have no transform; transforms are given for "
+     "['euclidean']"),
+    ("penalty kind", lambda: oj.optim.add_orthogonality_penalty("foo", 1e-3), ValueError,
+     "unknown penalty kind='foo'; valid names:"),
+    ("penalty gain on so", lambda: oj.optim.add_orthogonality_penalty("so", 1e-3, gain=2.0),
+     ValueError, "gain=2.0 only applies to kind='gain_adjusted_so'"),
+    ("penalty reduction", lambda: oj.optim.add_orthogonality_penalty(
+        "so", 1e-3, reduction="max"), ValueError, "reduction must be one of ('sum', 'mean')"),
+    ("penalty on integers", lambda: oj.penalties.tree_penalty(
+        {"w": np.ones((3, 3), np.int32)}, "so"), TypeError, "['w'] has dtype int32"),
+    ("penalty on a 3-D leaf", lambda: oj.penalties.tree_penalty(
+        {"w": np.ones((2, 3, 3), np.float32)}, "so"), ValueError,
+     "['w'] has shape (2, 3, 3) (3 axes): its matrix view is ambiguous"),
+    ("radam without a manifold", lambda: oj.optim.radam(1e-3, "stiefel"), TypeError,
+     "project_to_tangent: manifold must be an orthojax.manifolds.Manifold, got 'stiefel'"),
+    ("radam b1", lambda: oj.optim.radam(1e-3, oj.manifolds.Stiefel(), b1=1.5), ValueError,
+     "scale_by_riemannian_adam: b1 must be in [0, 1), got 1.5"),
+    ("radam on a bias", lambda: (lambda tx: tx.update(_P, tx.init(_P), _P))(
+        oj.optim.radam(1e-3, oj.manifolds.Stiefel())), ValueError,
+     "['b'] has shape (2,): a matrix view needs at least 2 axes"),
+    ("rsgd momentum", lambda: oj.optim.rsgd(1e-3, oj.manifolds.Stiefel(), momentum=-1),
+     ValueError, "riemannian_momentum: momentum must be in [0, 1), got -1"),
+    ("cayley_adam q", lambda: oj.optim.cayley_adam(1e-3, q=2.0), ValueError,
+     "cayley_adam: q must be in (0, 1)"),
+    ("landing lam", lambda: oj.optim.landing(1e-3, lam=-1.0), ValueError,
+     "landing: lam must be > 0, got -1.0"),
+    ("a retraction's name", lambda: oj.manifolds.Stiefel("qrr"), ValueError,
+     "Stiefel: unknown retraction='qrr'; choose one of"),
+    ("muon with optax's keyword", lambda: oj.optim.muon(
+        1e-3, muon_weight_dimension_numbers=None), ValueError, "muon: pass views=..."),
+    ("newton_schulz steps", lambda: oj.linalg.newton_schulz(np.eye(3), steps=0), ValueError,
+     "newton_schulz: steps must be >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", [c[1:] for c in LIBRARY_CASES],
+                         ids=[c[0] for c in LIBRARY_CASES])
+def test_the_library_names_the_bad_argument(call, error, message):
+  with pytest.raises(error) as e:
+    call()
+  assert str(e.value).startswith(message), str(e.value)
+
+
+@pytest.mark.parametrize("tx, drifts", [
+    (oj.optim.muon(1e-3), True), (optax.adam(1e-3), True),
+    (oj.optim.radam(1e-3, oj.manifolds.Stiefel()), False),
+    (optax.chain(optax.clip(1.0), oj.optim.rsgd(1e-3, oj.manifolds.Stiefel())), False),
+    (oj.optim.stiefel_muon(1e-3), False), (oj.optim.cayley_adam(1e-3), False),
+    (oj.optim.landing(1e-3), False)],
+    ids=["muon", "adam", "radam", "chain(clip, rsgd)", "stiefel_muon", "cayley_adam",
+         "landing"])
+def test_partition_reports_a_stiefel_leaf_sent_where_it_would_drift(tx, drifts):
+  model = _StiefelNet(nnx.Rngs(0))
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    oj.optim.partition(model, stiefel=tx, euclidean=optax.adam(1e-3))
+  messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+  if drifts:
+    assert len(messages) == 1 and messages[0].startswith(
+        "partition: stiefel= does not keep its leaves on the Stiefel manifold"), messages
+    assert "['w1'] will drift off it" in messages[0] and "stiefel_muon" in messages[0]
+  else:
+    assert not messages, messages
+  assert oj.optim.keeps_manifold(tx) is not drifts
