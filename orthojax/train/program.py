@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import Mesh
@@ -78,6 +79,10 @@ class Program:
     to_saved: jitted ``state -> state`` in that layout (identity when nothing is sharded).
     from_saved: its inverse, onto ``state_sharding``.
     graphdef: the model's GraphDef in eval mode (:meth:`model`).
+    defect: jitted ``params -> the largest orthogonality defect`` of the parameters on a
+      manifold (``StiefelParam``, ``ObliqueParam``: :meth:`Manifold.defect`, e.g.
+      ``‖WᵀW − I‖_F``), None when the model has none. The trainer logs it with the
+      train metrics.
   """
 
   config: Config
@@ -96,6 +101,7 @@ class Program:
   to_saved: Callable[[TrainState], TrainState]
   from_saved: Callable[[TrainState], TrainState]
   graphdef: Any = None
+  defect: Callable[[Any], Any] | None = None
 
   def model(self, state: TrainState) -> nnx.Module:
     """The model, in eval mode, holding ``state``'s parameters and statistics — what a hook
@@ -285,7 +291,27 @@ def build_program(config: Config, info: DatasetInfo, *,
                  state_sharding=state_sh, init=jax.jit(init, out_shardings=state_sh),
                  train_step=train_step, eval_step=eval_step, step_fn=step_fn,
                  saved_sharding=saved_sh, to_saved=to_saved, from_saved=from_saved,
-                 graphdef=graphdef_eval)
+                 graphdef=graphdef_eval, defect=_defect_fn(abs_params, rep))
+
+
+def _defect_fn(abs_params: Any, out_sharding: Any) -> Callable[[Any], Any] | None:
+  """The jitted largest defect of the manifold parameters (:attr:`Program.defect`)."""
+  manifolds = {"stiefel": oj.manifolds.Stiefel(), "oblique": oj.manifolds.Oblique()}
+  flat = lambda tree: dict(jax.tree_util.tree_flatten_with_path(
+      tree, is_leaf=lambda v: v is None or v is False or oj.linalg.is_view(v))[0])
+  labels = flat(_pure(oj.nn.manifold_labels(abs_params)))
+  views = flat(_pure(oj.nn.matrix_views(abs_params)))
+  constrained = {path: manifolds[label] for path, label in labels.items() if label in manifolds}
+  if not constrained:
+    return None
+
+  def defect(params):
+    values = [jnp.max(constrained[path].defect(w, view=views.get(path)))
+              for path, w in jax.tree_util.tree_flatten_with_path(params)[0]
+              if path in constrained]
+    return jnp.max(jnp.stack([v.astype(jnp.float32) for v in values]))
+
+  return jax.jit(defect, out_shardings=out_sharding)
 
 
 def _build_optimizer(config: Config, optimizer: OptimizerArg | None, abstract: Any,

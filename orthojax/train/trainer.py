@@ -89,6 +89,10 @@ class NonFiniteLossError(FloatingPointError):
   """Training produced a non-finite loss or gradient (``config.nan_policy="stop"``)."""
 
 
+DEFECT_TOLERANCE = 1e-2
+"""The largest orthogonality defect of the manifold parameters (``‖WᵀW − I‖_F`` for a
+Stiefel matrix) above which a run warns once: float32 Riemannian steps stay near 1e-5."""
+
 @dataclasses.dataclass
 class TrainResult:
   """What :func:`train` returns.
@@ -341,6 +345,7 @@ class Loop:
           os.path.join(config.workdir, "checkpoints"), every_steps=config.checkpoint.every_steps,
           keep=config.checkpoint.keep)
     self.loop = LoopState()
+    self.defect_warned = False
     self.best_state: TrainState | None = None   # config.restore_best: a copy at the best eval
     self.state = self._init_or_restore()
     self.interval = metrics_lib.IntervalMean()   # train metrics since the last log
@@ -496,6 +501,9 @@ class Loop:
           values["lr_scale"] = jax.device_get(self.state.lr_scale)
           if config.nan_policy == "skip":
             values["skipped_steps"] = jax.device_get(self.state.skipped_steps)
+          if self.program.defect is not None:
+            values["orthogonality_defect"] = jax.device_get(self.program.defect(self.state.params))
+            self._warn_defect(values["orthogonality_defect"])
           train_metrics = writer.write(self.step, values, "train")
         if self._hook_due(self.step):
           self._run_hooks(writer)
@@ -530,6 +538,16 @@ class Loop:
                        state=self.state,
                        best_state=self.best_state if config.restore_best else None,
                        split_metrics=split_metrics, model=self.program.model(self.state))
+
+  def _warn_defect(self, defect: float) -> None:
+    """Say once when the manifold parameters have left their manifold."""
+    if defect > DEFECT_TOLERANCE and not self.defect_warned:
+      self.defect_warned = True
+      self.print(f"Warning: at step {self.step} the parameters on a manifold (StiefelParam, "
+                 f"ObliqueParam) are {float(defect):.3g} from it (largest defect, tolerance "
+                 f"{DEFECT_TOLERANCE:g}): their optimizer does not keep them there (Muon or "
+                 f"a Euclidean one?); use radam, rsgd, cayley_adam, landing or stiefel_muon "
+                 f"to keep them, or plain parameters if drifting is intended", flush=True)
 
   def _hook_due(self, step: int) -> bool:
     """Whether ``config.hooks`` schedules the hooks after ``step`` updates."""

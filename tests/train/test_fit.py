@@ -9,6 +9,7 @@ are one line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -228,3 +229,33 @@ def test_config_json_records_what_fit_trained(tmp_path):
   assert update["fn"].endswith("chain.<locals>.update_fn")
   assert update["update_fns"]["0"]["tx"]["update"]["b1"] == 0.9
   assert update["update_fns"]["1"]["tx"]["update"]["step_size"] == -1e-3
+
+
+class _OnStiefel(nnx.Module):
+  def __init__(self, rngs):
+    self.w = oj.nn.StiefelParam(oj.manifolds.Stiefel().random(rngs.params(), (3, 3)))
+    self.head = nnx.Linear(3, 2, rngs=rngs)
+
+  def __call__(self, x):
+    return self.head(x @ self.w)
+
+
+@pytest.mark.parametrize("stiefel, drifts", [
+    (lambda: oj.optim.muon(0.5), True),
+    (lambda: oj.optim.radam(0.05, oj.manifolds.Stiefel()), False)], ids=["muon", "radam"])
+def test_the_trainer_logs_the_defect_and_warns_once_when_it_drifts(stiefel, drifts):
+  lines = []
+  optimizer = lambda model: oj.optim.partition(model, stiefel=stiefel(),
+                                               euclidean=optax.adam(1e-2))
+  with pytest.warns(UserWarning) if drifts else contextlib.nullcontext():
+    result = fit(_OnStiefel, optimizer, _batches(8), Config(batch_size=8, num_steps=8,
+                                                            log_every=2),
+                 devices=[_cpu()], print_fn=lines.append)
+  defect = result.train_metrics["orthogonality_defect"]
+  w = np.asarray(result.state.params["w"])
+  np.testing.assert_allclose(defect, np.linalg.norm(w.T @ w - np.eye(3)), rtol=1e-4, atol=1e-6)
+  warnings = [line for line in lines if line.startswith("Warning: at step")]
+  if drifts:
+    assert defect > 1e-2 and len(warnings) == 1, lines
+  else:
+    assert defect < 1e-4 and not warnings, lines
