@@ -5,7 +5,11 @@ and ``optim`` -> ``nn`` -> ``analysis`` -> ``models`` -> ``train``. Nothing in
 the library imports ``train`` or the experiments.
 """
 
-from orthojax import linalg
+from orthojax import _no_tpu
+
+_no_tpu.drop_absent_tpu_backend()
+
+from orthojax import linalg  # pylint: disable=g-import-not-at-top,wrong-import-position
 from orthojax import manifolds
 from orthojax import penalties
 from orthojax import optim
