@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -233,7 +234,8 @@ def pearson_interval(x: Any, y: Any, *, confidence: float = 0.95, n_resamples: i
 
   Returns:
     ``(low, high)``; ``(nan, nan)`` where ``ρ`` is undefined on the resamples
-    (a constant sample).
+    (a constant sample) or the BCa interval is (too few distinct resamples, e.g. 4
+    pairs; scipy's ``DegenerateDataWarning`` is not repeated).
 
   Raises:
     ValueError: different lengths, fewer than 3 pairs, or ``confidence``
@@ -254,7 +256,8 @@ def pearson_interval(x: Any, y: Any, *, confidence: float = 0.95, n_resamples: i
 
   if not np.isfinite(rho(x, y)):
     return math.nan, math.nan
-  with np.errstate(invalid="ignore", divide="ignore"):
+  with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+    warnings.simplefilter("ignore", stats.DegenerateDataWarning)
     result = stats.bootstrap((x, y), rho, paired=True, vectorized=True,
                              n_resamples=int(n_resamples), confidence_level=confidence,
                              method="BCa", rng=np.random.default_rng(seed))
