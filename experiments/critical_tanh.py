@@ -477,7 +477,7 @@ def summarize(init_records, records, q_stars, kinds, workdir, *, loss_epochs=(),
                             analysis.plot_fisher_vs_jacobian(
           [r[key] for r in init_records],
           [math.sqrt(r["jacobian_sigma_max_sq"]) for r in init_records], path,
-          groups=[f"q*={r['tags']['q_star']}" for r in init_records],
+          groups=[f"{r['tags']['weights']}, q*={r['tags']['q_star']}" for r in init_records],
           title=f"at init, {loss}", log=True))
       plots.append(scatter)
   if records:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+import textwrap
 from typing import Any, Callable, Sequence
 
 from etils import epath
@@ -73,9 +74,8 @@ def bar_figure(rows: Sequence[Row], *, group: str, series: str, title: str = "",
         ax.bar(i * width, mean, width, yerr=std, capsize=4, color=f"C{i}", alpha=0.85,
                error_kw={"ecolor": "black", "elinewidth": 1.2, "capthick": 1.2},
                label="ours (mean ± std)")
-        if match[0].paper is not None:
-          ax.plot((i + 0.3) * width, match[0].paper, label="paper", zorder=3,   # off the stem
-                  **PAPER_MARKER)
+        if match[0].paper is not None:   # on the bar's own slot, above its error bar
+          ax.plot(i * width, match[0].paper, label="paper", zorder=3, **PAPER_MARKER)
       ax.set_xticks([i * width for i in range(len(names))], names, rotation=45)
       ax.set_ylabel(ylabel or metric, fontsize=9)
       ax.set_title(f"{g}: {metric}", fontsize=9)
@@ -85,8 +85,10 @@ def bar_figure(rows: Sequence[Row], *, group: str, series: str, title: str = "",
       legend.setdefault(label, handle)
   if legend:
     axes[0, 0].legend(legend.values(), legend.keys(), fontsize=7, loc="lower right")
-  fig.suptitle(f"{title}\nbars: ours (mean ± std, black error bars); hollow red diamonds: "
-               f"the paper", fontsize=9)
+  width_chars = int(fig.get_figwidth() * 14)   # what a line of 9-point text holds
+  fig.suptitle("\n".join([*textwrap.wrap(title, width_chars), *textwrap.wrap(
+      "bars: ours (mean ± std, black error bars); hollow red diamonds: the paper",
+      width_chars)]), fontsize=9)
   fig.tight_layout()
   return fig
 
@@ -113,6 +115,9 @@ def plot_curves(workdir: str, runs: Sequence[Run], path: str, title: str) -> str
   for ax, key in zip(axes, ("top-1", "top-5")):
     ax.set_xlabel("epoch")
     ax.set_ylabel(f"eval {key} (%)")
+    top = max((max(line.get_ydata()) for line in ax.get_lines() if len(line.get_ydata())),
+              default=0.0)
+    ax.set_ylim(0, max(1.1 * top, 1.0))   # accuracy from 0: a flat 0 is a flat 0, not noise
     ax.legend(fontsize=7)
   fig.suptitle(title, fontsize=9)
   fig.tight_layout()

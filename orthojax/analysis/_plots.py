@@ -306,11 +306,12 @@ def plot_fisher_vs_jacobian(lambda_max: Any, sigma_max: Any, path: str | os.Path
       ax.scatter(sig2[sel], lam[sel], s=18, alpha=0.8, color=f"C{i % 10}", label=str(g))
     ax.legend(fontsize=7)
   if log:
-    from matplotlib.ticker import NullFormatter
+    from matplotlib.ticker import LogFormatterSciNotation  # pylint: disable=g-import-not-at-top
     ax.set_xscale("log")
     ax.set_yscale("log")
-    for axis in (ax.xaxis, ax.yaxis):
-      axis.set_minor_formatter(NullFormatter())   # no overlapping minor labels
+    for axis in (ax.xaxis, ax.yaxis):   # data within a decade or two still gets numbers
+      axis.set_minor_formatter(LogFormatterSciNotation(labelOnlyBase=False,
+                                                       minor_thresholds=(2, 0.5)))
   ax.set_xlabel(r"$\sigma_{\max}(J)^2$")
   ax.set_ylabel(r"$\lambda_{\max}$(Fisher)")
   ax.set_title(f"{title + ': ' if title else ''}Pearson ρ = {rho:.3f}", fontsize=10)
