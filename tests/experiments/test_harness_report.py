@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from experiments import _harness
+from experiments._harness import runs
 from experiments import report
 from tests.experiments import _cli
 
@@ -146,14 +147,14 @@ def test_report_shows_plots_relative_to_the_workdir(tmp_path):
 
 
 def test_wall_time_sums_the_sittings_that_trained(tmp_path, monkeypatch):
-  sitting = _harness._Sitting()
-  monkeypatch.setattr(_harness, "_SITTING", sitting)
+  sitting = runs.Sitting()
+  monkeypatch.setattr(runs, "SITTING", sitting)
   workdir = str(tmp_path)
   quiet = dict(experiment="x", title="X", rows=[], print_fn=lambda *a, **k: None)
 
   def report(seconds, trained):
     sitting.reset()
-    sitting.id += f"-{len(_harness._read_sittings(workdir))}"   # one process, several sittings
+    sitting.id += f"-{len(runs.read_sittings(workdir))}"   # one process, several sittings
     sitting.trained = trained
     markdown = _harness.write_report(workdir, seconds=seconds, **quiet)
     return json.loads((tmp_path / "results.json").read_text())["seconds"], markdown
