@@ -228,7 +228,7 @@ def test_optimizer_checks_name_the_key():
 
 @pytest.mark.parametrize("flags, message", [
     (["--weight_kinds=euclidean,sphere"], "--weight_kinds=euclidean,sphere: unknown 'sphere'"),
-    (["--q_stars=0.5,-1"], "--q_stars=0.5,-1: positive values expected"),
+    (["--q_stars=0.5,-1"], "--q_stars=0.5,-1: -1 must be > 0"),
     # The manifold optimizer is the config's optimizer section now.
     (["--manifold_optimizer=rsgd"], "Unknown command line flag 'manifold_optimizer'"),
     # A Stiefel-only optimizer for oblique networks: one line before any training.

@@ -129,7 +129,7 @@ def test_smoke_flagfile_runs_and_reports(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("flags, message", [
     (["--depths=2,x"], "--depths=2,x: 'x' is not an integer"),
-    (["--lr_scaling=sqrt"], "--lr_scaling=sqrt: unknown"),
+    (["--lr_scaling=sqrt"], "--lr_scaling=sqrt: value should be one of <inverse_depth|constant>"),
     (["--config.loss=mse"], "config.loss='mse': digits is a classification set"),
     (["--config.model.depth=4"], "config.model.depth=4: E7 sets it per run (each depth of "
                                  "--depths)"),

@@ -107,8 +107,8 @@ def test_reruns_are_bit_identical_whatever_the_threads(tmp_path):
 @pytest.mark.parametrize("flag, message", [
     ("--uci_datasets=boston,mars", "--uci_datasets=boston,mars: unknown 'mars'"),
     ("--variants=sp,gmp2", "--variants=sp,gmp2: unknown 'gmp2'"),
-    ("--num_splits=11", "--num_splits=11: must be in 1..10"),
-    ("--protocol=leaky", "--protocol=leaky: unknown; choose one of honest, released"),
+    ("--num_splits=11", "--num_splits=11: 11 is not an integer in the range [1, 10]"),
+    ("--protocol=leaky", "--protocol=leaky: value should be one of <honest|released>"),
     ("--config.optimizer.euclidean.learning_rate=0",
      "config.optimizer.euclidean.learning_rate=0.0: must be > 0"),
     ("--gmp_lr=-1", "--gmp_lr=-1.0: must be > 0"),

@@ -122,7 +122,7 @@ def test_missing_imagenet32_stops_with_the_data_modules_message(tmp_path):
 
 @pytest.mark.parametrize("flag, message", [
     ("--vgg_variants=bn,resnet", "--vgg_variants=bn,resnet: unknown 'resnet'"),
-    ("--vgg_batch_sizes=8,big", "--vgg_batch_sizes=8,big: integers expected"),
+    ("--vgg_batch_sizes=8,big", "--vgg_batch_sizes=8,big: 'big' is not an integer"),
     ("--config=experiments/configs/e1_resnet50.py:bn,smoke",
      "config.model.name='ResNet': E2 needs 'VGG6'"),
 ])
