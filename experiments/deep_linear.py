@@ -225,8 +225,9 @@ def rows_from(records: Sequence[dict[str, Any]], depths: Sequence[int], inits: S
   return rows
 
 
-def plot_epochs(rows: Sequence[_harness.Row], path: str) -> str:
-  """Epochs to threshold vs depth: one line per init (mean ± std), one panel per threshold."""
+def plot_epochs(rows: Sequence[_harness.Row], path: str, cap: float) -> str:
+  """Epochs to threshold vs depth: one line per init (mean ± std), one panel per threshold;
+  a dotted line at ``cap``, the epochs a run that never reached the threshold counts as."""
   plt = _harness.pyplot()
 
   metrics = list(dict.fromkeys(r.metric for r in rows))
@@ -239,6 +240,9 @@ def plot_epochs(rows: Sequence[_harness.Row], path: str) -> str:
       stats = [r.stats() for r in series]
       ax.errorbar([r.setting["depth"] for r in series], [s[0] for s in stats],
                   yerr=[s[1] for s in stats], marker="o", capsize=3, label=init)
+    if any("not reached" in r.note for r in mine):
+      ax.axhline(cap, color="0.4", ls=":", lw=1,
+                 label=f"{cap:g} epochs: not reached (censored, a lower bound)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("depth D")
     ax.set_ylabel("epochs")
@@ -345,7 +349,8 @@ class DeepLinear(_harness.Experiment):
                    f"(updates dropped from there; config.nan_policy={base.nan_policy!r})")
     plots = []
     if rows and _harness.is_writer():
-      plots.append(plot_epochs(rows, os.path.join(base.workdir, "deep_linear_epochs.png")))
+      plots.append(plot_epochs(rows, os.path.join(base.workdir, "deep_linear_epochs.png"),
+                               base.num_epochs))
       plots.append(plot_losses(curves, thresholds,
                                os.path.join(base.workdir, "deep_linear_loss.png")))
     return rows, notes, plots
