@@ -420,7 +420,7 @@ def plot_changes(workdir, runs, toy, lrs, variants) -> str:
           ax.plot(d["steps"][1:], y, lw=0.6, label=variant.upper(), alpha=0.8)
       if key == "max_dphi":
         ax.set_yscale("log", base=2)
-        ax.axhline(1.0, color="k", ls="--", lw=0.8)
+        ax.axhline(1.0, color="k", ls="--", lw=0.8, label="1 (paper: GmP stays below)")
       ax.set_title(f"{toy}, lr={lr:g}", fontsize=9)
       ax.set_xlabel("step", fontsize=8)
       ax.set_ylabel(label, fontsize=8)
