@@ -74,7 +74,7 @@ def add_orthogonality_penalty(
       are then left alone. Optax hands this transform bare arrays, which cannot say
       that themselves: without ``views`` a 2-D array of GmP angles is penalised as a
       matrix. (The trainer passes the model's own mask,
-      :func:`orthojax.train.model_zoo.penalty_mask`.)
+      ``orthojax.train.model_zoo.penalty_mask``.)
     reduction: ``"sum"`` or ``"mean"``, passed to a named penalty. A callable
       ``kind`` takes no reduction, so it must be left at ``"sum"``.
     iterations: power iterations of ``"srip"``'s spectral-norm estimate

@@ -16,7 +16,7 @@ built from the objects themselves:
   have the same tree, in any process; a changed value shows up as the leaf that differs
   (``…update_fns.1.step_size=-0.05 (checkpoint: -0.01)``).
 
-The walk stops at :data:`MAX_DEPTH` and never uses ``repr`` of an object (which may hold a
+The walk stops at ``MAX_DEPTH`` levels and never uses ``repr`` of an object (which may hold a
 memory address): an object it does not know is recorded by its type's name and its
 attributes. A value captured only through a mutable object that changes later (a
 ``nonlocal`` counter) would be recorded as it is at the start of the run.

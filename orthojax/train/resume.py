@@ -37,7 +37,7 @@ def resume_differences(saved: dict[str, Any], config: Config,
   """``config.key=value (checkpoint: value)`` for each key that may not change on resume.
 
   ``recorded``: what the run trains when it is not all in ``config`` (a
-  :func:`~orthojax.train.trainer.fit` run: its model and optimizer objects, described by
+  :func:`orthojax.train.fit` run: its model and optimizer objects, described by
   :mod:`orthojax.train.fingerprint`); default ``config.to_dict()``. Keys the checkpoint
   does not record (written by an older orthojax) are not compared.
   """

@@ -109,7 +109,7 @@ class TrainResult:
     split_metrics: ``{split: metrics}`` for each of ``config.final_eval_splits``,
       of the same state as ``eval_metrics``.
     model: the trained ``nnx`` model (eval mode) holding ``state``'s parameters and
-      statistics (:meth:`orthojax.train.program.Program.model`).
+      statistics (``Program.model(state)`` of ``orthojax.train.program``).
   """
 
   final_step: int
