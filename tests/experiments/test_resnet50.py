@@ -65,7 +65,9 @@ def test_smoke_plots_say_they_ran_on_fake_data():
   fig = _harness.bar_figure([_harness.Row({"model": "resnet18", "variant": "bn"}, "top-1 (%)",
                                           [10.0], 73.63)], group="model", series="variant",
                             title=titles[0])
-  assert fig.get_suptitle().startswith(titles[0] + "\n")
+  suptitle = fig.get_suptitle()   # wrapped to the figure's width, whole words kept
+  assert " ".join(suptitle.split()).startswith(titles[0] + " bars: ours")
+  assert all(len(line) <= fig.get_figwidth() * 14 for line in suptitle.splitlines())
   plt.close(fig)
   for title in resnet50.plot_titles("resnet50", "bn", "imagenet2012"):
     assert "on imagenet2012" in title and "FAKE" not in title

@@ -22,6 +22,7 @@ NOT_IN_A_REGISTRY = {
     "riemannian_momentum": "building block of a chain",
     "scale_by_riemannian_adam": "building block of a chain",
     "retract": "building block of a chain",
+    "keeps_manifold": "a question about a transformation, not one",
     "shard_update": "a wrapper the trainer applies (config.mesh.shard_update)",
     "sharded_updates": "a wrapper the trainer applies (config.mesh.shard_update)",
     "replicated_state": "a state conversion",
