@@ -320,11 +320,11 @@ class DeepLinear(_harness.Experiment):
   def summarize(self, base, runs, records, info):
     thresholds, curves = _THRESHOLDS.value, {}
     # Recomputed from the logs, so a rerun with other thresholds needs no retraining.
-    records = [{**record, **run_summary(_log(run), thresholds)}
-               for run, record in zip(runs, records)]
-    for run in runs:
+    logs = [_log(run) for run in runs]
+    records = [{**record, **run_summary(log, thresholds)} for log, record in zip(logs, records)]
+    for run, log in zip(runs, logs):
       steps = {}
-      for r in _log(run):
+      for r in log:
         if r.get("split") == "train" and "loss" in r:
           steps.setdefault(int(r["step"]), float(r["loss"]))
       curves.setdefault((run.tags[0][1], run.tags[1][1]), []).append(

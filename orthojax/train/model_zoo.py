@@ -92,6 +92,17 @@ def build(config: Config, info: Any, rngs: nnx.Rngs) -> nnx.Module:
   return Flatten(model, scale)
 
 
+def views_by_path(tree: Any) -> dict[Any, Any]:
+  """``{key path: matrix view}`` of :func:`orthojax.nn.matrix_views` (a view, None: infer,
+  False: not a matrix), keyed as ``jax.tree_util.tree_flatten_with_path`` keys the pure
+  params of the same model."""
+  is_view = lambda v: v is None or v is False or oj.linalg.is_view(v)
+  views = oj.nn.matrix_views(tree)
+  if isinstance(views, nnx.State):
+    views = views.to_pure_dict()
+  return dict(jax.tree_util.tree_flatten_with_path(views, is_leaf=is_view)[0])
+
+
 def penalty_mask(model: nnx.Module, params: Any) -> Any:
   """Which params a soft-orthogonality penalty acts on.
 
@@ -104,8 +115,6 @@ def penalty_mask(model: nnx.Module, params: Any) -> Any:
   if names is not None:
     return jax.tree_util.tree_map_with_path(
         lambda path, _: any(f"'{n}'" in jax.tree_util.keystr(path) for n in names), params)
-  is_view = lambda v: v is None or v is False or oj.linalg.is_view(v)
-  views = dict(jax.tree_util.tree_flatten_with_path(oj.nn.matrix_views(model),
-                                                    is_leaf=is_view)[0])
+  views = views_by_path(model)
   return jax.tree_util.tree_map_with_path(
       lambda path, x: len(x.shape) >= 2 and views.get(path) is not False, params)

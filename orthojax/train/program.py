@@ -297,10 +297,9 @@ def build_program(config: Config, info: DatasetInfo, *,
 def _defect_fn(abs_params: Any, out_sharding: Any) -> Callable[[Any], Any] | None:
   """The jitted largest defect of the manifold parameters (:attr:`Program.defect`)."""
   manifolds = {"stiefel": oj.manifolds.Stiefel(), "oblique": oj.manifolds.Oblique()}
-  flat = lambda tree: dict(jax.tree_util.tree_flatten_with_path(
-      tree, is_leaf=lambda v: v is None or v is False or oj.linalg.is_view(v))[0])
-  labels = flat(_pure(oj.nn.manifold_labels(abs_params)))
-  views = flat(_pure(oj.nn.matrix_views(abs_params)))
+  labels = dict(jax.tree_util.tree_flatten_with_path(
+      _pure(oj.nn.manifold_labels(abs_params)))[0])
+  views = model_zoo.views_by_path(abs_params)
   constrained = {path: manifolds[label] for path, label in labels.items() if label in manifolds}
   if not constrained:
     return None
