@@ -331,9 +331,10 @@ class CriticalTanh(_harness.Experiment):
                     else epoch0(records))
     all_kinds = [k for k in WEIGHT_KINDS
                  if k in kinds or any(r["tags"]["weights"] == k for r in included)]
-    rows, notes, plots = summarize(init_records, records, _Q_STARS.value, all_kinds,
-                                   base.workdir, loss_epochs=self.later,
-                                   steps_per_epoch=self.steps_per_epoch)
+    rows, notes, plots = summarize(
+        init_records, records, _Q_STARS.value, all_kinds, base.workdir,
+        loss_epochs=self.later, steps_per_epoch=self.steps_per_epoch,
+        setting=f"{base.data['name']}, depth {base.model['depth']}")
     text = lambda g: f"{base.optimizer[g]['name']} lr {base.optimizer[g].get('learning_rate')}"
     optimizers = ([f"Euclidean networks: {text('euclidean')}"] * ("euclidean" in kinds)
                   + [f"{kind} networks: {text(kind)}, scales/biases/classifier "
@@ -417,13 +418,15 @@ def _speed_notes(records, q_stars, kinds, loss_epochs, steps_per_epoch):
 
 
 def summarize(init_records, records, q_stars, kinds, workdir, *, loss_epochs=(),
-              steps_per_epoch=1):
+              steps_per_epoch=1, setting=""):
   """Rows (ρ beside the paper; per-network metrics), notes on the paper's claims, plots.
 
   ``init_records``: the ``init`` stage's records (the correlation, the scatter plots and
   the at-init rows); ``records``: the ``train`` stage's (none when it did not run);
-  ``loss_epochs``: the epochs at which the notes compare the kinds' training losses.
+  ``loss_epochs``: the epochs at which the notes compare the kinds' training losses;
+  ``setting`` (data, depth): the plots' titles say it.
   """
+  where = f"E5 {setting}: " if setting else "E5: "
 
   rows, notes = _rho_rows(init_records, kinds)
 
@@ -478,20 +481,23 @@ def summarize(init_records, records, q_stars, kinds, workdir, *, loss_epochs=(),
           [r[key] for r in init_records],
           [math.sqrt(r["jacobian_sigma_max_sq"]) for r in init_records], path,
           groups=[f"{r['tags']['weights']}, q*={r['tags']['q_star']}" for r in init_records],
-          title=f"at init, {loss}", log=True))
+          title=f"{where}at init, {loss}", log=True))
       plots.append(scatter)
   if records:
     plots += [
-        _curves(records, workdir, "fisher_lambda_max", "λ_max(F) (empirical Fisher, CE)",
-                "fisher_over_training.png", log=True),
-        _curves(records, workdir, "loss", "training loss", "train_loss.png", log=True),
+        _curves(records, workdir, "fisher_lambda_max",
+                r"$\lambda_{\max}$(empirical Fisher, cross entropy)", "fisher_over_training.png",
+                title=f"{where}largest Fisher eigenvalue over training"),
+        _curves(records, workdir, "loss", "training loss", "train_loss.png",
+                title=f"{where}training loss"),
     ]
   return rows, notes, plots
 
 
-def _curves(records, workdir, key, ylabel, name, log=False) -> str:
-  """Mean over seeds of ``key`` against epochs (diagnostics) or steps (train loss),
-  one line per (weights, q*): one colour per q*, one line style per kind of network."""
+def _curves(records, workdir, key, ylabel, name, title) -> str:
+  """Mean over seeds of ``key`` against epochs (diagnostics) or steps (train loss), on
+  a log y axis with plain tick labels, one line per (weights, q*): one colour per q*,
+  one line style per kind of network."""
   plt = _harness.pyplot()
 
   fig, ax = plt.subplots(figsize=(7.5, 4))
@@ -510,9 +516,12 @@ def _curves(records, workdir, key, ylabel, name, log=False) -> str:
             linestyle={"euclidean": "-", "stiefel": "--", "oblique": ":"}.get(kind, "-"),
             color=colors[q], label=f"{kind}, q*={q}")   # colour: q*; line style: kind
   ax.set_xlabel("step" if key == "loss" else "epoch")
+  ax.xaxis.get_major_locator().set_params(integer=True)   # no step 2.5
   ax.set_ylabel(ylabel)
-  if log:
-    ax.set_yscale("log")
+  _harness.log_axis(ax)
+  fewest, most = min(map(len, groups.values())), max(map(len, groups.values()))
+  seeds = _harness.plural(most, "seed") if fewest == most else f"{fewest}–{most} seeds"
+  ax.set_title(f"{title} (mean over {seeds})", fontsize=9)
   ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))   # beside the curves
   fig.tight_layout()
   path = os.path.join(workdir, name)

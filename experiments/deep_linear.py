@@ -225,39 +225,47 @@ def rows_from(records: Sequence[dict[str, Any]], depths: Sequence[int], inits: S
   return rows
 
 
-def plot_epochs(rows: Sequence[_harness.Row], path: str, cap: float) -> str:
+def plot_epochs(rows: Sequence[_harness.Row], path: str, cap: float, setting: str) -> str:
   """Epochs to threshold vs depth: one line per init (mean ± std), one panel per threshold;
-  a dotted line at ``cap``, the epochs a run that never reached the threshold counts as."""
+  a dotted line at ``cap``, the epochs a run that never reached the threshold counts as.
+  The inits are nudged apart sideways so that equal values stay visible; ``setting``
+  (data, seeds) goes in the title."""
   plt = _harness.pyplot()
 
   metrics = list(dict.fromkeys(r.metric for r in rows))
   fig, axes = plt.subplots(1, len(metrics), squeeze=False, figsize=(4.2 * len(metrics), 3.4))
   for ax, metric in zip(axes[0], metrics):
     mine = [r for r in rows if r.metric == metric]
-    for init in dict.fromkeys(r.setting["init"] for r in mine):
+    inits = list(dict.fromkeys(r.setting["init"] for r in mine))
+    for k, init in enumerate(inits):
       series = sorted((r for r in mine if r.setting["init"] == init),
                       key=lambda r: r.setting["depth"])
       stats = [r.stats() for r in series]
-      ax.errorbar([r.setting["depth"] for r in series], [s[0] for s in stats],
+      nudge = 2 ** (0.04 * (k - (len(inits) - 1) / 2))   # a few % of an octave
+      ax.errorbar([r.setting["depth"] * nudge for r in series], [s[0] for s in stats],
                   yerr=[s[1] for s in stats], marker="o", capsize=3, label=init)
     if any("not reached" in r.note for r in mine):
       ax.axhline(cap, color="0.4", ls=":", lw=1,
                  label=f"{cap:g} epochs: not reached (censored, a lower bound)")
+    depths = sorted({r.setting["depth"] for r in mine})
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("depth D")
+    ax.set_xticks(depths, [str(d) for d in depths])
+    ax.minorticks_off()
+    ax.set_xlabel("depth D (log scale)")
     ax.set_ylabel("epochs")
     ax.set_title(metric, fontsize=9)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
-  fig.suptitle("E7 deep linear: epochs to threshold (mean ± std over seeds; "
-               "paper: plot only, no numbers)", fontsize=9)
+  fig.suptitle(f"E7 deep linear, {setting}: epochs to threshold (mean ± std over seeds; "
+               "the paper has a plot only, no numbers)", fontsize=9)
   fig.tight_layout()
   return _harness.save_figure(fig, path)
 
 
 def plot_losses(curves: dict[tuple[int, str], list[list[float]]], thresholds: Sequence[float],
-                path: str) -> str:
-  """Mean training-loss curves: one panel per init, one line per depth."""
+                path: str, setting: str) -> str:
+  """Mean training-loss curves: one panel per init, one line per depth; the thresholds
+  dashed; ``setting`` (data, seeds) in the title."""
   plt = _harness.pyplot()
 
   inits = list(dict.fromkeys(init for _, init in curves))
@@ -271,13 +279,16 @@ def plot_losses(curves: dict[tuple[int, str], list[list[float]]], thresholds: Se
         continue
       mean = np.nanmean(np.array([c[:n] for c in runs_], dtype=float), axis=0)
       ax.plot(np.arange(n), mean, label=f"D={depth}")
-    for t in thresholds:
-      ax.axhline(t, color="k", lw=0.6, ls="--")
+    for i, t in enumerate(thresholds):
+      ax.axhline(t, color="k", lw=0.6, ls="--",
+                 label=f"thresholds ({', '.join(f'{x:g}' for x in thresholds)})" if not i
+                 else None)
     ax.set_yscale("log")
     ax.set_xlabel("epoch")
     ax.set_title(f"{init} init", fontsize=9)
     ax.legend(fontsize=7)
   axes[0, 0].set_ylabel("training loss (mean over seeds)")
+  fig.suptitle(f"E7 deep linear, {setting}: training loss by depth", fontsize=9)
   fig.tight_layout()
   return _harness.save_figure(fig, path)
 
@@ -349,10 +360,11 @@ class DeepLinear(_harness.Experiment):
                    f"(updates dropped from there; config.nan_policy={base.nan_policy!r})")
     plots = []
     if rows and _harness.is_writer():
+      setting = f"{base.data['name']}, {_harness.plural(seeds, 'seed')}"
       plots.append(plot_epochs(rows, os.path.join(base.workdir, "deep_linear_epochs.png"),
-                               base.num_epochs))
+                               base.num_epochs, setting))
       plots.append(plot_losses(curves, thresholds,
-                               os.path.join(base.workdir, "deep_linear_loss.png")))
+                               os.path.join(base.workdir, "deep_linear_loss.png"), setting))
     return rows, notes, plots
 
 

@@ -349,13 +349,18 @@ def _load(workdir: str, run: _harness.Run) -> dict[str, np.ndarray]:
 def _grid(runs, toy, lrs, variants):
   """``{(lr, variant): run}`` of ``toy`` for the first seed (the plots show one seed)."""
   del lrs, variants
-  seed = dict(runs[0].tags)["seed"]
+  seed = _seed(runs)
   cells = {}
   for run in runs:
     tags = dict(run.tags)
     if tags["toy"] == toy and tags["seed"] == seed:
       cells[(tags["lr"], tags["variant"])] = run
   return cells
+
+
+def _seed(runs) -> int:
+  """The seed the plots show (:func:`_grid`'s)."""
+  return dict(runs[0].tags)["seed"]
 
 
 def _limits(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -387,6 +392,8 @@ def plot_trajectories(workdir, runs, toy, lrs, variants) -> str:
         ax.set_xlabel("characteristic point φ", fontsize=8)
         ax.set_ylabel("step", fontsize=8)
       else:
+        ax.set_xlabel("x₁", fontsize=8)
+        ax.set_ylabel("x₂", fontsize=8)
         ax.scatter(d["train_x"][:, 0], d["train_x"][:, 1], c=d["train_y"], s=2, cmap="coolwarm",
                    alpha=0.3)
         for u in range(phi.shape[1]):
@@ -395,8 +402,10 @@ def plot_trajectories(workdir, runs, toy, lrs, variants) -> str:
         ax.set_xlim(lo[0], hi[0])
         ax.set_ylim(lo[1], hi[1])
       ax.tick_params(labelsize=7)
-  fig.suptitle(f"E4 {toy}: characteristic points over training (axes clipped to the data "
-               f"range ± 50%)", fontsize=9)
+  what = ("one line per hidden unit; grey: the training inputs' range" if toy == "levy" else
+          "one line per hidden unit, ★ where it ends; dots: training data by class")
+  _harness.suptitle(fig, f"E4 {toy}, seed {_seed(runs)}: characteristic points over "
+                         f"training\n({what}; axes: the data's range ± 50%)")
   fig.tight_layout()
   path = os.path.join(workdir, f"{toy}_trajectories.png")
   return _harness.save_figure(fig, path, dpi=100)
@@ -408,8 +417,8 @@ def plot_changes(workdir, runs, toy, lrs, variants) -> str:
   kinds = [("max_dphi", "max_i |Δφ_i| per step")]
   if toy == "banana":
     kinds.append(("max_dangle_deg", "max_i Δangle_i per step (°)"))
-  fig, axes = plt.subplots(len(kinds), len(lrs), squeeze=False,
-                           figsize=(4.5 * len(lrs), 3.2 * len(kinds)))
+  fig, axes = plt.subplots(len(kinds), len(lrs), squeeze=False, layout="constrained",
+                           figsize=(4.5 * len(lrs), 3.2 * len(kinds) + 0.6))
   for k, (key, label) in enumerate(kinds):
     for i, lr in enumerate(lrs):
       ax = axes[k, i]
@@ -421,12 +430,18 @@ def plot_changes(workdir, runs, toy, lrs, variants) -> str:
       if key == "max_dphi":
         ax.set_yscale("log", base=2)
         ax.axhline(1.0, color="k", ls="--", lw=0.8, label="1 (paper: GmP stays below)")
-      ax.set_title(f"{toy}, lr={lr:g}", fontsize=9)
+      ax.set_title(f"lr={lr:g}", fontsize=9)
       ax.set_xlabel("step", fontsize=8)
       ax.set_ylabel(label, fontsize=8)
       ax.tick_params(labelsize=7)
-      ax.legend(fontsize=7)
-  fig.tight_layout()
+  legend = {}   # one entry per label, under the panels
+  for ax in axes.flat:
+    for handle, label in zip(*ax.get_legend_handles_labels()):
+      legend.setdefault(label, handle)
+  fig.legend(legend.values(), legend.keys(), fontsize=7, ncols=len(legend),
+             loc="outside lower center")
+  _harness.suptitle(fig, f"E4 {toy}, seed {_seed(runs)}: the largest move of a "
+                         f"characteristic point in one step")
   path = os.path.join(workdir, f"{toy}_per_step_change.png")
   return _harness.save_figure(fig, path, dpi=100)
 
@@ -455,9 +470,12 @@ def plot_fits(workdir, runs, toy, lrs, variants, records) -> str:
           first = False
         ax.plot(d["fit_x"], d["fit_y"], lw=1.0,
                 label=f"{variant.upper()} ({score.get((lr, variant), '')})")
-      ax.set_title(f"Levy fits after training, lr={lr:g}", fontsize=9)
+      ax.set_title(f"lr={lr:g}", fontsize=9)
+      ax.set_xlabel("x", fontsize=8)
+      ax.set_ylabel("y", fontsize=8)
       ax.legend(fontsize=7)
       ax.tick_params(labelsize=7)
+    _harness.suptitle(fig, f"E4 levy, seed {_seed(runs)}: the fits after training (test RMSE)")
   else:
     fig, axes = plt.subplots(len(lrs), len(variants), squeeze=False,
                              figsize=(3.3 * len(variants), 3.0 * len(lrs)))
@@ -480,7 +498,12 @@ def plot_fits(workdir, runs, toy, lrs, variants, records) -> str:
         ax.set_ylim(d["grid_y"].min(), d["grid_y"].max())
         ax.set_title(f"{variant.upper()} (lr={lr:g}) {score.get((lr, variant), '')}",
                      fontsize=9)
+        ax.set_xlabel("x₁", fontsize=8)
+        ax.set_ylabel("x₂", fontsize=8)
         ax.tick_params(labelsize=7)
+    _harness.suptitle(fig, f"E4 banana, seed {_seed(runs)}: p(class 1) after training "
+                           f"(colour), p = 0.5 (black line), the final characteristic points "
+                           f"(red ★), the training data (dots); test accuracy in the titles")
   fig.tight_layout()
   path = os.path.join(workdir, f"{toy}_fit.png")
   return _harness.save_figure(fig, path, dpi=100)

@@ -159,7 +159,9 @@ class ResNet50(_harness.Experiment):
       plots.append(_harness.plot_rows([r for r in rows if r.metric != "throughput (images/s)"],
                                       os.path.join(base.workdir, "e1_accuracy.png"),
                                       group="model", series="variant", title=accuracy_title,
-                                      ylabel="validation accuracy (%)"))
+                                      ylabel="validation accuracy (%)",
+                                      paper_label="paper" if comparable else
+                                      "paper, ResNet-50 on ImageNet (a target only)"))
       plots.append(_harness.plot_curves(base.workdir, runs, os.path.join(base.workdir, "e1_curves.png"),
                                curves_title))
     return rows, notes, plots

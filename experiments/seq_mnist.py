@@ -440,6 +440,7 @@ def plot_accuracy(accuracy: dict[str, dict[int, list[float]]], path: str, title:
     ax.plot(epochs, mean, marker=".", label=label)
     ax.fill_between(epochs, mean - std, mean + std, alpha=0.2)
   ax.set_xlabel("epoch")
+  ax.xaxis.get_major_locator().set_params(integer=True)
   ax.set_ylabel("validation accuracy (%)")
   ax.set_title(title, fontsize=9)
   ax.grid(alpha=0.3)
@@ -530,12 +531,13 @@ class SeqMNIST(_harness.Experiment):
       band_path = os.path.join(base.workdir, "seq_mnist_sv_bands.png")
       _harness.local_render(band_path, lambda path: analysis.plot_singular_value_bands(
           bands, path, leaf=LEAF,
-          title=f"E6 recurrent kernel singular values ({view}, {source}; mean over seeds)",
+          title=f"E6 recurrent kernel singular values ({view}, {source}; "
+                f"{'1 seed' if num_seeds == 1 else f'mean over {num_seeds} seeds'})",
           ncols=min(len(bands), 3)))
       plots.append(band_path)
       plots.append(plot_accuracy(accuracy, os.path.join(base.workdir, "seq_mnist_val_acc.png"),
-                                 f"E6 validation accuracy ({view}, {source}; mean ± std over "
-                                 f"seeds)"))
+                                 f"E6 validation accuracy ({view}, {source}; "
+                                 f"{'1 seed' if num_seeds == 1 else f'mean ± std over {num_seeds} seeds'})"))
       if sweep:
         plots.append(plot_lambda_sweep(
             sweep, os.path.join(base.workdir, "seq_mnist_lambda_sweep.png"),

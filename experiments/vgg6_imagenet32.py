@@ -168,7 +168,8 @@ class VGG6(_harness.Experiment):
     if _harness.is_writer():
       bars, curves = plot_titles(base.data["name"])
       plots.append(_harness.plot_rows(rows, os.path.join(base.workdir, "e2_accuracy.png"),
-                                      group="batch", series="variant", title=bars))
+                                      group="batch", series="variant", title=bars,
+                                      ylabel="validation accuracy (%)"))
       plots.append(_harness.plot_curves(base.workdir, runs,
                                   os.path.join(base.workdir, "e2_curves.png"), curves))
     return rows, notes, plots

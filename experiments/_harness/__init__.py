@@ -45,13 +45,16 @@ from experiments._harness.driver import start
 from experiments._harness.plots import bar_figure
 from experiments._harness.plots import data_label
 from experiments._harness.plots import local_render
+from experiments._harness.plots import log_axis
 from experiments._harness.plots import plot_curves
 from experiments._harness.plots import plot_rows
 from experiments._harness.plots import pyplot
 from experiments._harness.plots import save_figure
+from experiments._harness.plots import suptitle
 from experiments._harness.report import Row
 from experiments._harness.report import markdown_table
 from experiments._harness.report import number_format
+from experiments._harness.report import plural
 from experiments._harness.report import read_results
 from experiments._harness.report import relative_to
 from experiments._harness.report import write_report

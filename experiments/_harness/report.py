@@ -84,6 +84,11 @@ def number_format(*values: float | None, digits: int = 4) -> Callable[[float | N
   return fmt
 
 
+def plural(count: int, noun: str) -> str:
+  """``"1 seed"``, ``"3 seeds"``: a count and its noun, for titles and notes."""
+  return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def markdown_table(rows: Sequence[Row], extra_columns: Sequence[str] = ()) -> str:
   """Rows as a markdown table: setting columns, metric, paper, ours (mean ± std, n), Δ.
 

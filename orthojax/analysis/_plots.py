@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 import warnings
 from typing import Any, Mapping, Sequence
 
@@ -117,17 +118,20 @@ def plot_singular_value_bands(records: Mapping[str, Any], path: str | os.PathLik
     order = np.argsort(cols[x_key], kind="stable")
     x = cols[x_key][order]
     mean, std, lo, hi = (cols[k][order] for k in stat_keys)
-    ax.fill_between(x, mean - std, mean + std, alpha=0.3, color="C0", label="mean ± std")
+    ax.fill_between(x, mean - std, mean + std, alpha=0.3, color="C0", label="mean ± std of the singular values")
     ax.plot(x, mean, color="C0", lw=1.5, label="mean")
     ax.plot(x, lo, color="C1", lw=1.0, ls="--", label="min")
     ax.plot(x, hi, color="C3", lw=1.0, ls="--", label="max")
     ax.set_title(str(name), fontsize=9)
     ax.set_xlabel(x_key)
+    if np.all(x == np.round(x)):   # epochs, steps: whole numbers on the axis
+      ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
   for ax in axes[n:]:
     ax.set_visible(False)
   axes[0].set_ylabel(ylabel)
-  axes[0].legend(fontsize=7, loc="best")
+  fig.legend(*axes[0].get_legend_handles_labels(), fontsize=8, ncols=4,
+             loc="outside lower center")   # under the panels, over no data
   if title:
     fig.suptitle(title)
   return _save(fig, path)
@@ -280,7 +284,7 @@ def plot_fisher_vs_jacobian(lambda_max: Any, sigma_max: Any, path: str | os.Path
     path: output file.
     groups: optional ``(n,)`` labels (e.g. ``q*`` of each network), one
       colour and legend entry per distinct label.
-    title: prefix of the title.
+    title: the title's first line(s), wrapped; ρ and the number of points follow.
     log: log-log axes.
 
   Returns:
@@ -306,14 +310,16 @@ def plot_fisher_vs_jacobian(lambda_max: Any, sigma_max: Any, path: str | os.Path
       ax.scatter(sig2[sel], lam[sel], s=18, alpha=0.8, color=f"C{i % 10}", label=str(g))
     ax.legend(fontsize=7)
   if log:
-    from matplotlib.ticker import LogFormatterSciNotation  # pylint: disable=g-import-not-at-top
+    from matplotlib.ticker import LogFormatter  # pylint: disable=g-import-not-at-top
     ax.set_xscale("log")
     ax.set_yscale("log")
-    for axis in (ax.xaxis, ax.yaxis):   # data within a decade or two still gets numbers
-      axis.set_minor_formatter(LogFormatterSciNotation(labelOnlyBase=False,
-                                                       minor_thresholds=(2, 0.5)))
+    for axis in (ax.xaxis, ax.yaxis):   # plain numbers; within two decades, in-between ones too
+      axis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+      axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
   ax.set_xlabel(r"$\sigma_{\max}(J)^2$")
   ax.set_ylabel(r"$\lambda_{\max}$(Fisher)")
-  ax.set_title(f"{title + ': ' if title else ''}Pearson ρ = {rho:.3f}", fontsize=10)
+  heading = [*textwrap.wrap(title, 56), ""] if title else [""]   # the figure's width
+  heading[-1] += f"Pearson ρ = {rho:.3f} over {lam.size} points"
+  ax.set_title("\n".join(heading), fontsize=9)
   ax.grid(alpha=0.3)
   return _save(fig, path), rho

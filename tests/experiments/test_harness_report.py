@@ -121,9 +121,30 @@ def test_bar_figure_labels_the_axis_and_tells_ours_from_the_paper():
   assert len(paper) == 1 and paper[0].get_marker() == "D"   # only the row that has one
   assert mcolors.to_hex(paper[0].get_markeredgecolor()) != "#000000"
   assert paper[0].get_markerfacecolor() == "white"
-  legend = [t.get_text() for t in ax.get_legend().get_texts()]
-  assert sorted(legend) == ["ours (mean ± std)", "paper"]
-  assert ax.get_ylim()[0] <= 0 < 3.37 < ax.get_ylim()[1]
+  (legend,) = fig.legends   # one legend for all panels, under them
+  assert sorted(t.get_text() for t in legend.get_texts()) == [
+      "ours (mean ± std of 2 runs)", "paper"]
+  assert ax.get_ylim()[0] == 0 and 3.2 + 0.283 < ax.get_ylim()[1]   # from 0; mean + std shown
+  assert ax.get_title() == "dataset boston: test RMSE"
+  import matplotlib.pyplot as plt
+  plt.close(fig)
+
+
+@pytest.mark.parametrize("values,paper,top", [
+    ([0.0], None, 1.0),          # all zero: a flat 0 on [0, 1], not noise on ±0.04
+    ([10.0], 73.63, 73.63),      # the paper's diamond above the bar stays on the axis
+])
+def test_bar_figure_axis_starts_at_zero_and_shows_every_value(values, paper, top):
+  fig = _harness.bar_figure([_harness.Row({"model": "m", "variant": "bn"}, "top-1 (%)", values,
+                                          paper)], group="model", series="variant",
+                            paper_label="paper, another setting (a target only)")
+  low, high = fig.axes[0].get_ylim()
+  assert low == 0 and top <= high <= 1.12 * top + 1e-9
+  labels = sorted(t.get_text() for t in fig.legends[0].get_texts())
+  assert labels == (["ours (one run)", "paper, another setting (a target only)"] if paper
+                    else ["ours (one run)"])
+  import matplotlib.pyplot as plt
+  plt.close(fig)
   import matplotlib.pyplot as plt
   plt.close(fig)
 
