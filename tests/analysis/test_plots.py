@@ -112,3 +112,20 @@ def test_pearson_interval_rejects_bad_input():
   with pytest.raises(ValueError, match=r"confidence=1.5 must be in \(0, 1\)"):
     oa.pearson_interval([1.0, 2.0, 3.0], [1.0, 3.0, 2.0], confidence=1.5)
   assert all(math.isnan(v) for v in oa.pearson_interval([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]))
+
+
+def test_fisher_scatter_wraps_its_title_and_labels_log_ticks_plainly(tmp_path, monkeypatch):
+  from orthojax.analysis import _plots
+  figures = []
+  monkeypatch.setattr(_plots, "_save", lambda fig, path: figures.append(fig) or str(path))
+  lam, sigma = np.array([3.0, 3.2, 17.0, 29.0, 9.0]), np.sqrt([1.2, 1.25, 4.0, 4.0, 2.0])
+  title = "E5 mnist, depth 200: at initialisation, cross entropy, sixty networks of four kinds"
+  _, rho = oa.plot_fisher_vs_jacobian(lam, sigma, tmp_path / "f.png", title=title, log=True)
+  (fig,) = figures
+  fig.canvas.draw()
+  (ax,) = fig.axes
+  lines = ax.get_title().splitlines()
+  assert " ".join(lines[:-1]) == title and all(len(line) <= 56 for line in lines)
+  assert lines[-1] == f"Pearson ρ = {rho:.3f} over 5 points"
+  labels = [t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True)]
+  assert "10" in labels and not any("times" in t or "^" in t for t in labels)

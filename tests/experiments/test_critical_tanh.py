@@ -252,3 +252,20 @@ def test_bad_flags_fail_fast_with_one_line(tmp_path, flags, message):
   lines = proc.stderr.strip().splitlines()
   assert lines[-1].startswith(f"error: {message}"), proc.stderr
   assert not (tmp_path / "runs").exists()
+
+
+def test_curves_say_the_seeds_and_label_a_narrow_log_axis_plainly(tmp_path, monkeypatch):
+  figures = []
+  monkeypatch.setattr(_harness, "save_figure", lambda fig, path, dpi=110: figures.append(fig))
+  records = [{"tags": {"weights": w, "q_star": "0.5"},
+              "train_curve": [[5, 2.2 - 0.1 * s], [10, 1.9], [15, 1.7]]}
+             for w in ("euclidean", "stiefel") for s in range(2)]
+  critical_tanh._curves(records, str(tmp_path), "loss", "training loss", "t.png",
+                        title="E5 mnist, depth 4: training loss")
+  (fig,) = figures
+  fig.canvas.draw()
+  (ax,) = fig.axes
+  assert ax.get_title() == "E5 mnist, depth 4: training loss (mean over 2 seeds)"
+  labels = [t.get_text() for t in ax.get_yticklabels(minor=True) + ax.get_yticklabels()]
+  assert any(labels) and not any("times" in t or "^" in t for t in labels)   # 2, not 2×10⁰
+  assert all(float(x) == int(x) for x in ax.get_xticks())   # steps are whole

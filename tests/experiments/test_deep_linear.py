@@ -144,3 +144,27 @@ def test_bad_flags_fail_fast_with_one_line(tmp_path, flags, message):
   lines = proc.stderr.strip().splitlines()
   assert lines[-1].startswith(f"error: {message}"), proc.stderr
   assert not (tmp_path / "runs").exists()
+
+
+def test_plots_name_the_data_the_depths_the_thresholds_and_the_cap(tmp_path, monkeypatch):
+  from experiments import _harness
+  figures = []
+  monkeypatch.setattr(_harness, "save_figure", lambda fig, path, dpi=110: figures.append(fig))
+  rows = [_harness.Row({"depth": d, "init": init}, metric, values, None, note)
+          for metric, values, note in (("epochs to train loss ≤ 0.5", [10.0, 12.0], ""),
+                                       ("epochs to train loss ≤ 0.05", [40.0, 40.0],
+                                        "not reached by 2/2"))
+          for d in (2, 8) for init in ("orthogonal", "gaussian")]
+  deep_linear.plot_epochs(rows, str(tmp_path / "e.png"), 40, "digits, 2 seeds")
+  curves = {(d, "orthogonal"): [[3.0, 1.0, 0.4], [3.0, 1.2, 0.3]] for d in (2, 8)}
+  deep_linear.plot_losses(curves, (0.5, 0.05), str(tmp_path / "l.png"), "digits, 2 seeds")
+  epochs, losses = figures
+  epochs.canvas.draw()
+  for ax in epochs.axes:   # the depths themselves, not 2^1, 2^3
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "8"]
+  censored = [t.get_text() for t in epochs.axes[1].get_legend().get_texts()]
+  assert censored[0] == "40 epochs: not reached (censored, a lower bound)"
+  assert "E7 deep linear, digits, 2 seeds" in epochs.get_suptitle()
+  assert "E7 deep linear, digits, 2 seeds" in losses.get_suptitle()
+  assert "thresholds (0.5, 0.05)" in [t.get_text() for t in
+                                      losses.axes[0].get_legend().get_texts()]

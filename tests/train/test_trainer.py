@@ -412,11 +412,13 @@ def test_no_intact_checkpoint_is_one_line_and_moves_nothing(tmp_path):
   assert (tmp_path / "run" / "checkpoints" / "4").exists()
 
 
-def test_steps_per_sec_counts_training_not_the_time_spent_writing_a_line():
-  """The first TensorBoard write imports TensorFlow (seconds): the interval after it must
-  not pay for it. Here the console itself takes 0.3 s a line."""
+def test_steps_per_sec_counts_training_not_the_compile_or_writing_a_line():
+  """No rate (nor ETA) before the second line, so the compile is in none. The first
+  TensorBoard write imports TensorFlow (seconds): the interval after it must not pay
+  for it. Here the console itself takes 0.3 s a line."""
   slow = lambda *a, **k: time.sleep(0.3)
   writer = metrics_lib.MetricsWriter(None, total_steps=100, print_fn=slow, is_writer=True)
-  writer.write(10, {"loss": 1.0})
+  time.sleep(0.3)   # the compile, before the first step: the first line gives no rate
+  assert "steps_per_sec" not in writer.write(10, {"loss": 1.0})
   values = writer.write(20, {"loss": 0.5})
   assert values["steps_per_sec"] > 100, values   # 10 steps in ~0 s, not in 0.3 s
