@@ -94,6 +94,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import _harness
+from experiments import critical_tanh_rates as rates_lib
 from orthojax import analysis
 from orthojax import models
 from orthojax.train import data as data_lib
@@ -129,11 +130,13 @@ _INCLUDE = flags.DEFINE_list("include_workdirs", [],
                              "Workdirs of finished E5 runs of other kinds of network (each "
                              "trained by its own flagfile, e.g. at its own learning rates) whose "
                              "networks join this report's rows, notes and plots.")
-STAGES = ("init", "train")
-_STAGES = _harness.define_list("stages", STAGES,
-                               "init: λ_max(F) and σ_max(J) of every network at initialisation "
-                               "(no training; one file per network under <workdir>/init); "
-                               "train: train every network with the diagnostics hook.",
+STAGES = ("probe", "init", "train")
+_STAGES = _harness.define_list("stages", STAGES[1:],
+                               "Run in this order: probe: each (q*, kind)'s learning rates "
+                               "(<workdir>/probe/rates.json, used by train); init: λ_max(F) "
+                               "and σ_max(J) of every network at initialisation (no training; "
+                               "one file per network under <workdir>/init); train: train every "
+                               "network with the diagnostics hook.",
                                choices=STAGES)
 
 
@@ -269,6 +272,7 @@ class CriticalTanh(_harness.Experiment):
     if self.train_seeds > seeds:
       raise ConfigError(f"--train_seeds={_TRAIN_SEEDS.value}: must be between 1 and "
                         f"--num_seeds ({seeds}), or 0 for all")
+    rates_lib.check_flags(_STAGES.value)
 
   def plan(self, base, info):
     self.info, self.steps_per_epoch = info, max(info.num_train // base.batch_size, 1)
@@ -279,6 +283,12 @@ class CriticalTanh(_harness.Experiment):
     runs = plan(base, _Q_STARS.value, _KINDS.value, _harness.num_seeds(5), self.later)
     self.included, self.included_notes = included_records(_INCLUDE.value,
                                                           [r.name for r in runs])
+    self.cells = {rates_lib.cell(_q_label(q), kind): (q, kind)
+                  for q in _Q_STARS.value for kind in _KINDS.value}
+    self.rates, self.rates_source = None, None
+    if rates_lib.RATES_FROM.value and "train" in _STAGES.value:
+      self.rates_source = rates_lib.rates_path(rates_lib.RATES_FROM.value)
+      self.rates = rates_lib.read_rates(rates_lib.RATES_FROM.value, list(self.cells))
     return runs
 
   def describe(self, base, runs, info):
@@ -287,12 +297,16 @@ class CriticalTanh(_harness.Experiment):
             f"{', '.join(map(_q_label, _Q_STARS.value))} × {', '.join(_KINDS.value)} × {seeds} "
             f"seeds), depth {base.model['depth']}, width {base.model['width']}, "
             f"{base.data['name']}, {self.steps_per_epoch} steps/epoch; stages: "
-            f"{', '.join(stages)}"
+            f"{', '.join(s for s in STAGES if s in stages)}"
             + (f" (training {train_seeds} seed{'s' * (train_seeds > 1)} of each)"
-               if "train" in stages and train_seeds < seeds else ""))
+               if "train" in stages and train_seeds < seeds else "")
+            + (f"; each network at its rates from {self.rates_source}" if self.rates else ""))
 
   def train(self, base, runs, info):
-    """The init stage's records (:attr:`init_records`), then the train stage's."""
+    """The probe's rates (:attr:`rates`), the init stage's records (:attr:`init_records`),
+    then the train stage's."""
+    if "probe" in _STAGES.value:
+      self.rates = self.probe(base)
     self.examples = diagnostic_batch(base, _DIAG_BATCH.value)
     self.init_records = []
     if "init" in _STAGES.value:
@@ -306,8 +320,32 @@ class CriticalTanh(_harness.Experiment):
     if "train" not in _STAGES.value:
       return []
     hook = diagnostics_hook(self.examples, self.steps_per_epoch)
-    return [self.execute(dataclasses.replace(run, hooks=(hook,)), base.workdir)
+    return [self.execute(dataclasses.replace(run, hooks=(hook,), config=self.at_rates(run)),
+                         base.workdir)
             for run in runs if dict(run.tags)["seed"] < self.train_seeds]
+
+  def probe(self, base) -> dict[str, Any]:
+    """Probe every cell (:mod:`experiments.critical_tanh_rates`), writing
+    ``<workdir>/probe/rates.json`` after each; returns its contents."""
+    rates = {"epochs": rates_lib.PROBE_EPOCHS.value, "widen": rates_lib.WIDEN.value,
+             "cells": {}}
+    self.rates_source = os.path.join(base.workdir, rates_lib.RATES_FILE)
+    for i, (name, (q, kind)) in enumerate(self.cells.items()):
+      entry = rates_lib.probe_cell(base, q, _q_label(q), kind, base.workdir, run_config)
+      rates["cells"][name] = entry
+      print(f"  probe {i + 1}/{len(self.cells)} {name}: "
+            + ", ".join(f"{g} lr {r:g}" for g, r in entry["rates"].items()), flush=True)
+      if _harness.is_writer():
+        _harness.write_json(self.rates_source, rates)
+    return rates
+
+  def at_rates(self, run):
+    """``run``'s config at its cell's probed rates (as configured without rates)."""
+    if not self.rates:
+      return run.config
+    tags = dict(run.tags)
+    rates = self.rates["cells"][rates_lib.cell(tags["q_star"], tags["weights"])]["rates"]
+    return run.config.replace(optimizer={g: {"learning_rate": r} for g, r in rates.items()})
 
   def extra(self, run, result):
     log = metrics_lib.read_jsonl(run.file(run.config.workdir, "metrics.jsonl"))
@@ -335,13 +373,18 @@ class CriticalTanh(_harness.Experiment):
         init_records, records, _Q_STARS.value, all_kinds, base.workdir,
         loss_epochs=self.later, steps_per_epoch=self.steps_per_epoch,
         setting=f"{base.data['name']}, depth {base.model['depth']}")
-    text = lambda g: f"{base.optimizer[g]['name']} lr {base.optimizer[g].get('learning_rate')}"
+    rate = lambda g: ("lr per network (below)" if self.rates else
+                      f"lr {base.optimizer[g].get('learning_rate')}")
+    text = lambda g: f"{base.optimizer[g]['name']} {rate(g)}"
     optimizers = ([f"Euclidean networks: {text('euclidean')}"] * ("euclidean" in kinds)
                   + [f"{kind} networks: {text(kind)}, scales/biases/classifier "
                      f"{text('euclidean')}" for kind in kinds if kind != "euclidean"])
     training = (f"batch {base.batch_size}, {base.num_epochs or base.num_steps} "
                 f"{'epochs' if base.num_epochs else 'steps'}; {'; '.join(optimizers)}"
-                if "train" in stages else "at initialisation only, no training")
+                if "train" in stages else "at initialisation only, no training"
+                if "init" in stages else "the learning-rate probe only")
+    if self.rates:
+      notes = [*notes, *rates_lib.notes(self.rates, self.rates_source)]
     notes = [f"{base.data['name']}, depth {base.model['depth']}, width {base.model['width']}, "
              f"{training}; diagnostics on {_DIAG_BATCH.value} training examples, σ_max(J) "
              f"over {_JAC_EXAMPLES.value}, {_LANCZOS.value} Lanczos steps for λ_max",

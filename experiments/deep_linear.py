@@ -283,10 +283,10 @@ def plot_losses(curves: dict[tuple[int, str], list[list[float]]], thresholds: Se
       ax.axhline(t, color="k", lw=0.6, ls="--",
                  label=f"thresholds ({', '.join(f'{x:g}' for x in thresholds)})" if not i
                  else None)
-    ax.set_yscale("log")
+    _harness.log_axis(ax)
     ax.set_xlabel("epoch")
     ax.set_title(f"{init} init", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="lower left")   # the curves start high and end right
   axes[0, 0].set_ylabel("training loss (mean over seeds)")
   fig.suptitle(f"E7 deep linear, {setting}: training loss by depth", fontsize=9)
   fig.tight_layout()

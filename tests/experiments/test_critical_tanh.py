@@ -244,6 +244,17 @@ def test_optimizer_checks_name_the_key():
     (["--diagnostic_batch=100000"], "--diagnostic_batch=100000: the training split has only"),
     (["--stages=init,fit"], "--stages=init,fit: unknown 'fit'"),
     (["--train_seeds=2"], "--train_seeds=2: must be between 1 and --num_seeds (1)"),
+    (["--rates_from=/nonexistent"], "--rates_from=/nonexistent: no /nonexistent; run "
+                                    "--stages=probe there first"),
+    (["--stages=probe,train", "--rates_from=/nonexistent"],
+     "--rates_from=/nonexistent: --stages=probe picks this workdir's rates; drop one"),
+    (["--stages=probe", "--config.optimizer.stiefel.learning_rate=1e-3"],
+     "config.optimizer.stiefel.learning_rate: each network trains at its probed rates "
+     "(--stages=probe); leave it out"),
+    (["--probe_rates_manifold=1e-3,0"], "--probe_rates_manifold=1e-3,0: 0 must be > 0"),
+    (["--q_stars=8", "--rates_from=experiments/flags/critical_tanh_smoke.flags"],
+     "--rates_from=experiments/flags/critical_tanh_smoke.flags: experiments/flags/"
+     "critical_tanh_smoke.flags is not JSON"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flags, message):
   proc = _cli.run("critical_tanh", SMOKE, f"--workdir={tmp_path}", *flags, check=False,
@@ -269,3 +280,42 @@ def test_curves_say_the_seeds_and_label_a_narrow_log_axis_plainly(tmp_path, monk
   labels = [t.get_text() for t in ax.get_yticklabels(minor=True) + ax.get_yticklabels()]
   assert any(labels) and not any("times" in t or "^" in t for t in labels)   # 2, not 2×10⁰
   assert all(float(x) == int(x) for x in ax.get_xticks())   # steps are whole
+
+
+def test_the_probe_picks_each_cells_rates_and_the_train_stage_uses_them(tmp_path):
+  """Per (q*, kind): the best validation top-1 of each group's grid, the manifold rate
+  first; the trained networks' config.json holds those rates; --rates_from reuses them."""
+  workdir = tmp_path / "probe"
+  grids = ["--probe_epochs=1", "--probe_rates_euclidean=1e-3,1e-2",
+           "--probe_rates_manifold=1e-3,1e-2,1e-1", "--probe_rates_rest=1e-3,1e-2",
+           "--probe_widen=0", "--q_stars=0.5"]
+  _cli.run("critical_tanh", SMOKE, *grids, "--stages=probe,train", f"--workdir={workdir}",
+           timeout=900)
+  rates = json.loads((workdir / "probe/rates.json").read_text())
+  assert list(rates["cells"]) == ["q_star=0.5/weights=euclidean", "q_star=0.5/weights=stiefel"]
+  for name, entry in rates["cells"].items():
+    for group, found in entry["probes"].items():
+      scores = {float(r): s for r, s in found["scores"].items()}
+      best = max(sorted(scores), key=lambda r: scores[r])
+      assert entry["rates"][group] == found["best"] == best
+    config = json.loads((workdir / "runs" / name / "seed=0/config.json").read_text())
+    assert {g: config["optimizer"][g]["learning_rate"] for g in entry["rates"]} == entry["rates"]
+  stiefel = rates["cells"]["q_star=0.5/weights=stiefel"]
+  assert stiefel["probes"]["stiefel"]["scores"].keys() == {"0.001", "0.01", "0.1"}
+  # The Adam rate is probed at the chosen manifold rate; no trial kept weights or saw test.
+  trials = sorted(p.parent for p in (workdir / "probe/runs").rglob("result.json"))
+  assert len(trials) == 2 + 3 + 2
+  at_chosen = {t.name for t in trials if f"stiefel_lr={stiefel['rates']['stiefel']:g}/" in str(t)}
+  assert at_chosen == {"euclidean_lr=0.0001",   # --probe_rest_rate, in the manifold probe
+                       "euclidean_lr=0.001", "euclidean_lr=0.01"}
+  assert not list((workdir / "probe/runs").rglob("checkpoints"))
+  assert all("test" not in json.loads((t / "result.json").read_text()) for t in trials)
+  notes = json.loads((workdir / "results.json").read_text())["notes"]
+  assert any(n.startswith("probe q_star=0.5/weights=stiefel, "
+                          "config.optimizer.stiefel.learning_rate") for n in notes)
+  again = tmp_path / "again"
+  _cli.run("critical_tanh", SMOKE, "--q_stars=0.5", "--weight_kinds=stiefel", "--stages=train",
+           f"--rates_from={workdir}", f"--workdir={again}", timeout=300)
+  config = json.loads((again / "runs/q_star=0.5/weights=stiefel/seed=0/config.json").read_text())
+  assert config["optimizer"]["stiefel"]["learning_rate"] == stiefel["rates"]["stiefel"]
+  assert config["optimizer"]["euclidean"]["learning_rate"] == stiefel["rates"]["euclidean"]
