@@ -36,8 +36,12 @@ examples:
 At initialisation it also measures ``λ_max`` of the MSE Gauss–Newton matrix
 (``J_θᵀJ_θ/B``, the Fisher of a unit-variance Gaussian output).
 
-Two stages (``--stages``, default both, in this order):
+Stages (``--stages``, default ``init,train``; they run in this order):
 
+* ``probe`` — each (q*, kind) network's own learning rates, the best validation top-1
+  of short trials (:mod:`experiments.critical_tanh_rates`), into
+  ``<workdir>/probe/rates.json``; the ``train`` stage then trains each network at its
+  cell's rates, as it does with ``--rates_from=<a probe's workdir or rates.json>``;
 * ``init`` — the measurement at initialisation of every network of the grid, no
   training: one file per network, ``<workdir>/init/<tags>.json``, written when it is
   measured and read (not measured again) by every later run of the same command, so the
@@ -65,7 +69,8 @@ after 50 epochs; here they are config keys
 1e-3 by default, and there is no oblique penalty. The full-depth training flagfiles
 (``critical_tanh_full_euclidean.flags``, ``critical_tanh_full_manifold.flags``) set
 each kind's rates from a short probe instead (the best validation accuracy after 5
-epochs at ``q* = 1/64``), so the two kinds run in separate workdirs, and
+epochs at ``q* = 1/64``; the ``probe`` stage probes every network), so the two kinds run
+in separate workdirs, and
 ``--include_workdirs`` brings one's finished networks into the other's report (rows,
 notes, plots; each workdir's optimizers named in a note). ``critical_tanh_cpu.flags`` is a reduced
 scale (config argument ``cpu``: depth 50, width 128, the 5000-image MNIST subset

@@ -16,6 +16,7 @@ from orthojax.linalg._newton_schulz import NS_PRESETS
 from orthojax.linalg._newton_schulz import NSPreset
 from orthojax.linalg._newton_schulz import newton_schulz
 from orthojax.linalg._polar import polar
+from orthojax.linalg._qr import cholesky_qr2
 from orthojax.linalg._qr import qr_orthonormalize
 from orthojax.linalg._skew import skew
 from orthojax.linalg._skew import sym

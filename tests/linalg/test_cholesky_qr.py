@@ -1,0 +1,85 @@
+"""CholeskyQR2 against the sign-fixed Householder QR: the same Q to rounding, and the
+Householder fall-back where the guard says the Gram matrix cannot be trusted."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from orthojax import linalg
+from tests.linalg._helpers import orthonormality_error
+from tests.linalg._helpers import well_conditioned
+
+SHAPES = {"tall": (96, 24), "wide": (24, 96), "square": (40, 40), "batched": (3, 50, 20),
+          "conv": (3, 3, 16, 32)}   # a conv kernel's (kh, kw) are batch axes here
+# Agreement with Householder: a few ulps of the compute dtype (float32 for bfloat16).
+ATOL = {jnp.float32: 2e-6, jnp.bfloat16: 1e-2, jnp.float64: 1e-13}
+
+
+def _retraction_point(rng, shape, step=0.1):
+  """``W + ξ``: a Stiefel point (tall view) and a small tangent step, as a retraction sees."""
+  x = rng.standard_normal(shape)
+  w = np.asarray(linalg.qr_orthonormalize(jnp.asarray(x)), np.float64)
+  return w + step * rng.standard_normal(shape) / np.sqrt(shape[-1])
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float64])
+@pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.parametrize("point", ["retraction", "gaussian", "conditioned_100"])
+def test_the_same_q_as_householder_to_rounding(name, dtype, point):
+  with jax.enable_x64(dtype == jnp.float64):
+    rng = np.random.default_rng(0)
+    shape = SHAPES[name]
+    x = {"retraction": lambda: _retraction_point(rng, shape),
+         "gaussian": lambda: rng.standard_normal(shape),
+         "conditioned_100": lambda: well_conditioned(rng, shape, cond=100.0)}[point]()
+    x = jnp.asarray(x, dtype)
+    q, reference = linalg.cholesky_qr2(x), linalg.qr_orthonormalize(x)
+    assert q.dtype == dtype and q.shape == x.shape
+    np.testing.assert_allclose(np.asarray(q, np.float64), np.asarray(reference, np.float64),
+                               atol=ATOL[dtype] * (10 if point == "conditioned_100" else 1))
+    if dtype != jnp.bfloat16:
+      assert orthonormality_error(q) < 50 * float(jnp.finfo(dtype).eps)
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: x.at[:, 1].set(x[:, 0] * (1 + 1e-7)),   # two columns nearly equal: κ ~ 1e7
+    lambda x: x.at[:, 3].set(0.0),                      # rank deficient
+    lambda x: x * jnp.logspace(0, 30, x.shape[-1]),     # a Gram matrix past float32's range
+])
+def test_far_from_the_manifold_it_falls_back_to_householder(make):
+  x = make(jnp.asarray(np.random.default_rng(1).standard_normal((64, 16)), jnp.float32))
+  np.testing.assert_array_equal(linalg.cholesky_qr2(x), linalg.qr_orthonormalize(x))
+  # One bad matrix sends its whole batch to Householder: every Q stays exact.
+  batch = jnp.stack([x, jnp.asarray(np.random.default_rng(2).standard_normal((64, 16)),
+                                    jnp.float32)])
+  np.testing.assert_array_equal(jax.jit(linalg.cholesky_qr2)(batch),
+                                linalg.qr_orthonormalize(batch))
+
+
+def test_column_scaling_alone_needs_no_fall_back():
+  """κ = 1e8 from column scales only: Cholesky does not see it (its rounding is scale
+  invariant), the guard lets it through, and Q is still Householder's to rounding."""
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((64, 16)), jnp.float32)
+  x = x * jnp.logspace(0, 8, 16)
+  q = linalg.cholesky_qr2(x)
+  assert not np.array_equal(q, linalg.qr_orthonormalize(x))   # no fall-back
+  np.testing.assert_allclose(q, linalg.qr_orthonormalize(x), atol=2e-6)
+
+
+def test_the_guard_is_the_first_passs_orthogonality_error():
+  x = jnp.asarray(well_conditioned(np.random.default_rng(3), (64, 16), cond=300.0),
+                  jnp.float32)   # first-pass error ~ κ² u ≈ 5e-3
+  kept, strict = linalg.cholesky_qr2(x), linalg.cholesky_qr2(x, tolerance=1e-6)
+  np.testing.assert_array_equal(strict, linalg.qr_orthonormalize(x))
+  assert not np.array_equal(kept, strict)
+  np.testing.assert_allclose(kept, strict, atol=1e-4)
+
+
+def test_bad_inputs_raise():
+  with pytest.raises(TypeError):
+    linalg.cholesky_qr2(jnp.ones((4, 3), jnp.int32))
+  with pytest.raises(ValueError, match="ndim >= 2"):
+    linalg.cholesky_qr2(jnp.ones((4,)))
