@@ -66,7 +66,8 @@ def riemannian_adam(w, grad_fn, lrs, retraction, b1=0.9, b2=0.999, eps=1e-8,
 
   Per step t = 1, 2, …, with ``P`` the tangent projection at the current W:
   ``g = P(G)``, ``m = b1 P(m) + (1 − b1) g``, ``v = b2 v + (1 − b2) s(g)``
-  (``s = g²``, or its mean over the matrix for ``"matrix"``),
+  (``s = g²``, or its mean over the matrix for ``"matrix"``, its sum for
+  ``"matrix_sum"``),
   ``d = m/(1 − b1ᵗ) / (sqrt(v/(1 − b2ᵗ)) + eps)`` (projected again for the
   elementwise moment), ``W ← retraction(W, −lr_t d)``.
 
@@ -91,7 +92,8 @@ def riemannian_adam(w, grad_fn, lrs, retraction, b1=0.9, b2=0.999, eps=1e-8,
       denom = np.sqrt(v / (1 - b2 ** t)) + eps
       d = stiefel_project(w, m / (1 - b1 ** t) / denom)
     else:
-      v = b2 * v + (1 - b2) * np.mean(g * g, axis=(-2, -1))
+      reduce = np.mean if second_moment == "matrix" else np.sum
+      v = b2 * v + (1 - b2) * reduce(g * g, axis=(-2, -1))
       denom = np.sqrt(v / (1 - b2 ** t)) + eps
       d = m / (1 - b1 ** t) / denom[..., None, None]
     w = retraction(w, -lr * d)

@@ -149,7 +149,7 @@ def fused_stiefel_adam(
     learning_rate: a float or an Optax schedule.
     manifold: a :class:`orthojax.manifolds.Stiefel` with the Euclidean metric.
     b1, b2, eps: as ``optax.scale_by_adam``.
-    second_moment: "elementwise" or "matrix" (see
+    second_moment: "elementwise", "matrix" or "matrix_sum" (see
       :func:`orthojax.optim.scale_by_riemannian_adam`).
     nesterov: Nesterov-style first moment.
     views: per-leaf matrix views.
@@ -205,7 +205,9 @@ def fused_stiefel_adam(
         xm = b1 * mt + (1.0 - b1) * gt
         m_new = xm - x @ (b1 * linalg.sym(b) + (1.0 - b1) * s_g)
         normal = jnp.maximum(_sq(gt) - _sq(a), 0.0) if n > p else 0.0
-        s = (_sq(linalg.skew(a)) + normal) / (n * p)   # mean of P(G)^2
+        s = _sq(linalg.skew(a)) + normal               # sum of P(G)^2
+        if second_moment == "matrix":
+          s = s / (n * p)                              # its mean
         v_new = b2 * v.astype(dtype) + (1.0 - b2) * s
       # The chain stores m in its state dtype and uses that value.
       m_new = m_new.astype(m.dtype).astype(dtype) if m.dtype != dtype else m_new

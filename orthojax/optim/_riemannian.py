@@ -35,7 +35,7 @@ from orthojax.manifolds import Manifold
 from orthojax.optim._keeps import retracting
 from orthojax.optim._scope import scoped
 
-_SECOND_MOMENTS = ("elementwise", "matrix")
+_SECOND_MOMENTS = ("elementwise", "matrix", "matrix_sum")
 
 
 def _require_params(params, who):
@@ -154,18 +154,24 @@ def scale_by_riemannian_adam(
   float64 parameters get float64-accurate steps. ``second_moment`` picks
   ``s``:
 
-  * ``"elementwise"``: ``s(g) = g * g`` (as geoopt and most codes). The
-    elementwise division leaves the tangent space, so ``d_t`` is projected back
-    — a deliberate difference from codes that retract a non-tangent step.
-  * ``"matrix"``: one scalar per matrix, the *mean* of ``g * g`` over the
-    matrix's entries (the product-manifold Adam of Bécigneul & Ganea, and
-    Li et al.'s Cayley Adam up to their use of the sum ``||g||_F^2``, which is
-    the mean times the number of entries). The direction stays tangent.
+  * ``"elementwise"``: ``s(g) = g * g``, optax's Adam applied entry by entry to the
+    Riemannian gradient. The elementwise division leaves the tangent space, so
+    ``d_t`` is projected back — a deliberate difference from codes that retract a
+    non-tangent step.
+  * ``"matrix"``: one scalar per matrix, the *mean* of ``g * g`` over its ``n·p``
+    entries (the product-manifold Adam of Bécigneul & Ganea, §4). The direction
+    stays tangent, and a learning rate means what it means for elementwise Adam
+    (a step of about ``lr`` per entry).
+  * ``"matrix_sum"``: one scalar per matrix, the *sum* ``‖g‖_F²`` — geoopt's
+    ``RiemannianAdam`` on its Stiefel manifolds (its ``component_inner`` is the
+    matrix inner product) and Li et al.'s Cayley Adam (ICLR 2020, Alg. 2). The same
+    direction as ``"matrix"`` with a step ``√(n·p)`` times smaller: ``"matrix"`` at
+    rate ``lr`` equals ``"matrix_sum"`` at ``lr·√(n·p)`` (up to ``eps``).
 
   Args:
     manifold: the manifold the params live on.
     b1, b2, eps, eps_root: as ``optax.scale_by_adam``.
-    second_moment: "elementwise" or "matrix".
+    second_moment: "elementwise", "matrix" or "matrix_sum".
     nesterov: Nesterov-style first moment (as ``optax.scale_by_adam``).
     mu_dtype: dtype of the first moment.
     views: per-leaf matrix views.
@@ -205,7 +211,8 @@ def scale_by_riemannian_adam(
       if second_moment == "elementwise":
         s = jnp.square(g)
       else:
-        s = jnp.mean(jnp.square(linalg.layout(w.shape, view).to_matrix(g)), axis=(-2, -1))
+        reduce = jnp.mean if second_moment == "matrix" else jnp.sum
+        s = reduce(jnp.square(linalg.layout(w.shape, view).to_matrix(g)), axis=(-2, -1))
       v = b2 * v + (1.0 - b2) * s
       # Debiased in at least float32 (bfloat16 moments are upcast, float64 kept).
       dtype = linalg.compute_dtype(g.dtype)

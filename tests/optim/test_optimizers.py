@@ -270,7 +270,7 @@ def test_rsgd_matches_numpy_reference(momentum, nesterov):
                  step_ref)
 
 
-@pytest.mark.parametrize("second_moment", ["elementwise", "matrix"])
+@pytest.mark.parametrize("second_moment", ["elementwise", "matrix", "matrix_sum"])
 def test_radam_matches_numpy_reference(second_moment):
   lr, b1, b2, eps = 0.05, 0.9, 0.999, 1e-8
 
@@ -280,8 +280,9 @@ def test_radam_matches_numpy_reference(second_moment):
     m = b1 * _proj(x, m) + (1 - b1) * g
     if second_moment == "elementwise":
       v = b2 * v + (1 - b2) * g ** 2
-    else:  # mean over each matrix's entries, one scalar per (batch) matrix
-      v = b2 * v + (1 - b2) * np.mean(g ** 2, axis=(-2, -1), keepdims=True)
+    else:  # mean (sum: geoopt's) over each matrix's entries, one scalar per matrix
+      reduce = np.mean if second_moment == "matrix" else np.sum
+      v = b2 * v + (1 - b2) * reduce(g ** 2, axis=(-2, -1), keepdims=True)
     state[k] = (m, v)
     d = (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
     if second_moment == "elementwise":
@@ -289,6 +290,34 @@ def test_radam_matches_numpy_reference(second_moment):
     return _qf(x - lr * d)
 
   _reference_run(oj.optim.radam(lr, second_moment=second_moment, views=REF_VIEWS), step_ref)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_matrix_sum_is_matrix_at_a_rate_sqrt_np_times_larger(fused):
+  """geoopt's convention (the sum ‖g‖²) against the mean: the same steps once the rate
+  is scaled by √(n·p), n·p the entries of each matrix (eps negligible)."""
+  rng = np.random.default_rng(0)
+  manifold = oj.manifolds.Stiefel("qr") if fused else oj.manifolds.Oblique()   # the chain
+  shapes = {"dense": (12, 5), "stack": (3, 9, 4)}
+  w = {k: oj.linalg.qr_orthonormalize(jnp.asarray(rng.standard_normal(s), jnp.float32))
+       for k, s in shapes.items()}   # unit columns: on both manifolds
+  g = {k: jnp.asarray(rng.standard_normal(s), jnp.float32) for k, s in shapes.items()}
+  steps = {}
+  for moment in ("matrix", "matrix_sum"):
+    per_leaf = {k: 0.01 * (np.sqrt(np.prod(s[-2:])) if moment == "matrix_sum" else 1.0)
+                for k, s in shapes.items()}
+    steps[moment] = {}
+    for k in shapes:
+      view = MatrixView.stacked() if len(shapes[k]) == 3 else None
+      tx = oj.optim.radam(per_leaf[k], manifold, second_moment=moment, eps=1e-30, views=view)
+      state, p = tx.init(w[k]), w[k]
+      for _ in range(3):
+        u, state = tx.update(g[k], state, p)
+        p = optax.apply_updates(p, u)
+      steps[moment][k] = p
+  for k in shapes:
+    np.testing.assert_allclose(steps["matrix_sum"][k], steps["matrix"][k], atol=2e-6)
+    assert float(jnp.abs(steps["matrix"][k] - w[k]).max()) > 1e-3   # it moved
 
 
 def _cayley_generator(x, m):

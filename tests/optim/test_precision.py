@@ -56,7 +56,7 @@ F64_CASES = [(r, path) for r in sorted(F64_RETRACTIONS) for path in ("chain", "f
              if (r, path) != ("cayley-iterative", "fused")]
 
 
-@pytest.mark.parametrize("second_moment", ["elementwise", "matrix"])
+@pytest.mark.parametrize("second_moment", ["elementwise", "matrix", "matrix_sum"])
 @pytest.mark.parametrize("retraction, path", F64_CASES)
 def test_radam_float64_equals_numpy_reference(retraction, path, second_moment):
   manifold, retraction_ref = F64_RETRACTIONS[retraction]
