@@ -431,20 +431,23 @@ def plot_accuracy(accuracy: dict[str, dict[int, list[float]]], path: str, title:
   """Validation accuracy per epoch: one line per setting, mean ± std over seeds shaded."""
   plt = _harness.pyplot()
 
-  fig, ax = plt.subplots(figsize=(6.4, 4.0))
-  for label, by_epoch in accuracy.items():
+  many = len(accuracy) > 6   # then the legend goes beside the axes, each line its own colour
+  fig, ax = plt.subplots(figsize=(9.6 if many else 6.4, 4.0))
+  colors = plt.get_cmap("tab10" if len(accuracy) <= 10 else "tab20").colors
+  for i, (label, by_epoch) in enumerate(accuracy.items()):
     epochs = sorted(by_epoch)
     mean = np.array([np.mean(by_epoch[e]) for e in epochs])
     std = np.array([np.std(by_epoch[e], ddof=1) if len(by_epoch[e]) > 1 else 0.0
                     for e in epochs])
-    ax.plot(epochs, mean, marker=".", label=label)
-    ax.fill_between(epochs, mean - std, mean + std, alpha=0.2)
+    color = colors[i % len(colors)]
+    ax.plot(epochs, mean, marker=".", label=label, color=color)
+    ax.fill_between(epochs, mean - std, mean + std, alpha=0.2, color=color)
   ax.set_xlabel("epoch")
   ax.xaxis.get_major_locator().set_params(integer=True)
   ax.set_ylabel("validation accuracy (%)")
   ax.set_title(title, fontsize=9)
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
+  ax.legend(fontsize=7, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1)} if many else {}))
   fig.tight_layout()
   return _harness.save_figure(fig, path)
 
