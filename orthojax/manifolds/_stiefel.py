@@ -13,7 +13,10 @@ Tangent space at W: {V : W^T V + V^T W = 0}.
   uses the Euclidean projection.)
 * Retractions of a tangent V at W:
 
-  - ``"qr"``: ``qf(W + V)``, the sign-fixed Q factor;
+  - ``"qr"``: ``qf(W + V)``, the sign-fixed Q factor, by Householder QR (LAPACK) or,
+    with ``qr_algorithm="cholesky_qr2"``, from matrix products
+    (:func:`orthojax.linalg.cholesky_qr2`; the same Q to rounding, Householder where
+    its guard fails);
   - ``"polar"``: ``polar(W + V) = U V^T`` of the SVD (the metric projection);
   - ``"newton_schulz"``: the same polar factor by cubic Newton–Schulz steps
     ``X <- X (3I - X^T X) / 2`` (matmuls only), run to a tolerance. No
@@ -169,16 +172,21 @@ class Stiefel(Manifold):
     ns_steps: most cubic Newton–Schulz steps of the "newton_schulz" retraction.
     ns_tol: its stopping tolerance on the predicted ``||X^T X - I||_F`` (None:
       ``sqrt(p)`` times the dtype's epsilon).
+    qr_algorithm: how the "qr" retraction factors: "householder" (default; LAPACK's
+      QR) or "cholesky_qr2" (:func:`orthojax.linalg.cholesky_qr2`: matrix products,
+      the same point to rounding).
   """
 
   RETRACTIONS = ("qr", "cayley", "polar", "newton_schulz")
   """Accepted ``retraction`` names."""
   METRICS = ("euclidean", "canonical")
   """Accepted ``metric`` names."""
+  QR_ALGORITHMS = ("householder", "cholesky_qr2")
+  """Accepted ``qr_algorithm`` names."""
 
   def __init__(self, retraction: str = "qr", metric: str = "euclidean",
                cayley_iterations: int | None = None, ns_steps: int = 12,
-               ns_tol: float | None = None):
+               ns_tol: float | None = None, qr_algorithm: str = "householder"):
     if retraction not in self.RETRACTIONS:
       raise ValueError(f"Stiefel: unknown retraction={retraction!r}; choose one of {self.RETRACTIONS}")
     if metric not in self.METRICS:
@@ -187,11 +195,15 @@ class Stiefel(Manifold):
       raise ValueError(f"Stiefel: cayley_iterations must be None or >= 1, got {cayley_iterations}")
     if int(ns_steps) < 1:
       raise ValueError(f"Stiefel: ns_steps must be >= 1, got {ns_steps}")
+    if qr_algorithm not in self.QR_ALGORITHMS:
+      raise ValueError(f"Stiefel: unknown qr_algorithm={qr_algorithm!r}; choose one of "
+                       f"{self.QR_ALGORITHMS}")
     self.retraction = retraction
     self.metric = metric
     self.cayley_iterations = None if cayley_iterations is None else int(cayley_iterations)
     self.ns_steps = int(ns_steps)
     self.ns_tol = None if ns_tol is None else float(ns_tol)
+    self.qr_algorithm = qr_algorithm
 
   def _project(self, w, v):
     return v - w @ linalg.sym(w.mT @ v)
@@ -203,6 +215,8 @@ class Stiefel(Manifold):
 
   def _retract(self, w, v):
     if self.retraction == "qr":
+      if self.qr_algorithm == "cholesky_qr2":
+        return linalg.cholesky_qr2(w + v)
       return linalg.qr_orthonormalize(w + v)
     if self.retraction == "polar":
       return linalg.polar(w + v)

@@ -20,12 +20,13 @@ from orthojax.manifolds import Oblique, Stiefel, cayley_generator, polish
 
 RETRACTIONS = {
     "qr": Stiefel("qr"),
+    "qr_cholesky": Stiefel("qr", qr_algorithm="cholesky_qr2"),
     "polar": Stiefel("polar"),
     "newton_schulz": Stiefel("newton_schulz"),
     "cayley": Stiefel("cayley"),
     "cayley_iter2": Stiefel("cayley", cayley_iterations=2),
 }
-EXACT = ["qr", "polar", "newton_schulz", "cayley"]
+EXACT = ["qr", "qr_cholesky", "polar", "newton_schulz", "cayley"]
 
 
 def _t(x):
@@ -228,11 +229,17 @@ def test_exact_retractions_large_step_on_manifold(case, retraction):
 
 
 @pytest.mark.parametrize("case", NAMES)
-def test_qr_retraction_equals_numpy_qr(case):
+@pytest.mark.parametrize("algorithm", Stiefel.QR_ALGORITHMS)
+def test_qr_retraction_equals_numpy_qr(case, algorithm):
   w, wp = point(case, 15)
   v, vp = tangent(case, w, 16, norm=1.5)
-  y = tall(case, Stiefel("qr").retract(wp, vp, view=view(case)))
+  y = tall(case, Stiefel("qr", qr_algorithm=algorithm).retract(wp, vp, view=view(case)))
   np.testing.assert_allclose(y, sign_fixed_qr(w + v), atol=1e-5)
+
+
+def test_an_unknown_qr_algorithm_is_named():
+  with pytest.raises(ValueError, match="unknown qr_algorithm='gram_schmidt'; choose one of"):
+    Stiefel("qr", qr_algorithm="gram_schmidt")
 
 
 @pytest.mark.parametrize("case", NAMES)
