@@ -38,6 +38,7 @@ SUITES: list[tuple[str, str]] = [
     ("resnet_optim", "benchmarks.resnet_optim_bench"),
     ("memory", "benchmarks.memory_bench"),
     ("scale", "benchmarks.scale_bench"),
+    ("peers", "benchmarks.peers_bench"),
 ]
 
 

@@ -1,0 +1,26 @@
+"""The peers suite without the peers installed (as in CI): one row saying why."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+
+from benchmarks import peers_bench
+
+
+def test_without_the_peers_the_suite_says_it_is_skipped_and_why(monkeypatch):
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name in peers_bench.PEERS else real(name, *a))
+  (only,) = peers_bench.run(quick=True)
+  assert only.case == "skipped" and math.isnan(only.value) and only.status == "report-only"
+  assert only.note == 'torch, geoopt, geotorch not installed: pip install -e ".[peers]"'
+
+
+@pytest.mark.skipif(bool(peers_bench.missing_peers()), reason="the peers extra is not installed")
+def test_the_quick_suite_compares_like_with_like():
+  rows = {r.case: r for r in peers_bench.run(quick=True)}
+  ratios = [r for case, r in rows.items() if case.endswith("orthojax / geoopt")]
+  assert len(ratios) == 3 and all(r.value > 0 and r.target == "<= 0.8 (cpu)" for r in ratios)
