@@ -13,6 +13,9 @@ parametrizations (Lezcano-Casado 2019). Like is compared with like:
 * **Riemannian Adam, Cayley**: ``Stiefel("cayley", metric="canonical")`` against
   ``geoopt.CanonicalStiefel`` (canonical-metric gradient, Cayley retraction).
 
+The QR cases time orthojax's QR retraction both ways: Householder (LAPACK, the default)
+and CholeskyQR2 (``Stiefel(qr_algorithm="cholesky_qr2")``, matrix products).
+
 Cases: the optimizer step alone, a gradient given, on a stack of 32 matrices
 (400 × 400, and 1024 × 256) held as one batched parameter in both frameworks; and a
 whole training step (forward, backward, update) of a 32-layer, 400-wide tanh MLP at
@@ -148,11 +151,13 @@ def _time_interleaved(fns: dict[str, Callable[[], float]], warmup: int, repeats:
 
 # ------------------------------------------------------------- orthojax ---
 
-def _orthojax_optimizer(kind: str) -> optax.GradientTransformation:
+def _orthojax_optimizer(kind: str, qr_algorithm: str = "householder"
+                        ) -> optax.GradientTransformation:
   st = oj.manifolds.Stiefel
+  qr = st("qr", qr_algorithm=qr_algorithm)
   if kind == "rsgd_qr":
-    return oj.optim.rsgd(LR, st("qr"), momentum=0.9, views=_STACK)
-  manifold = st("qr") if kind == "radam_qr" else st("cayley", metric="canonical")
+    return oj.optim.rsgd(LR, qr, momentum=0.9, views=_STACK)
+  manifold = qr if kind == "radam_qr" else st("cayley", metric="canonical")
   return oj.optim.radam(LR, manifold, second_moment="matrix_sum", views=_STACK)
 
 
@@ -209,17 +214,20 @@ def _optimizer_rows(worker: _TorchWorker, quick: bool, reps: dict[str, int]) -> 
     w, g = _peers_data.optimizer_case(shape)
     label = f"{shape[0]} x {shape[1]}x{shape[2]}"
     for kind in KINDS:
-      steps = {
-          "orthojax": _checked(kind, _orthojax_step(_orthojax_optimizer(kind), w, g), True),
-          "geoopt": worker.step(f"{kind} {label}", {"case": "optimizer", "kind": kind,
-                                                    "shape": list(shape), "lr": LR}),
-      }
+      steps = {"orthojax": _checked(kind, _orthojax_step(_orthojax_optimizer(kind), w, g),
+                                    True)}
+      if kind.endswith("_qr"):   # the same retraction from matrix products
+        steps["orthojax cholesky_qr2"] = _checked(kind, _orthojax_step(
+            _orthojax_optimizer(kind, "cholesky_qr2"), w, g), True)
+      steps["geoopt"] = worker.step(f"{kind} {label}", {"case": "optimizer", "kind": kind,
+                                                        "shape": list(shape), "lr": LR})
       t = _time_interleaved(steps, **reps)
       for who, s in t.items():
         rows.append(row(SUITE, f"{kind} step, {label}, {who}", 1e3 * s, "ms"))
-      rows.append(row(SUITE, f"{kind} step, {label}: orthojax / geoopt",
-                      ratio(t["orthojax"], t["geoopt"]), "x", AHEAD,
-                      note="the same algorithm; calls alternate"))
+      for who in (w for w in t if w.startswith("orthojax")):
+        rows.append(row(SUITE, f"{kind} step, {label}: {who} / geoopt",
+                        ratio(t[who], t["geoopt"]), "x", AHEAD,
+                        note="the same algorithm; calls alternate"))
   return rows
 
 
@@ -231,6 +239,8 @@ def _training_rows(worker: _TorchWorker, quick: bool, reps: dict[str, int]) -> l
   for kind in ("radam_qr", "radam_cayley"):
     steps[f"orthojax {kind}"] = _checked(
         kind, _orthojax_train_step(_orthojax_optimizer(kind), x, y, hidden, head), True)
+  steps["orthojax radam_qr cholesky_qr2"] = _checked("radam_qr", _orthojax_train_step(
+      _orthojax_optimizer("radam_qr", "cholesky_qr2"), x, y, hidden, head), True)
   for kind in ("adam", "radam_qr", "radam_cayley", "geotorch", "torch_orthogonal"):
     steps[f"torch {kind}"] = worker.step(f"train {kind}", {
         "case": "train", "kind": kind, "depth": depth, "width": width, "batch": batch,
@@ -239,10 +249,11 @@ def _training_rows(worker: _TorchWorker, quick: bool, reps: dict[str, int]) -> l
   label = f"{depth}x{width} tanh MLP, batch {batch}"
   rows = [row(SUITE, f"train step, {label}, {name}", 1e3 * s, "ms") for name, s in t.items()]
   theirs = ratio(t["torch radam_qr"], t["torch adam"])
-  rows.append(row(SUITE, f"train step, {label}: orthojax radam_qr / orthojax adam",
-                  ratio(t["orthojax radam_qr"], t["orthojax adam"]), "x",
-                  Target("<=", round(theirs, 3), backends=("cpu",)),
-                  note=f"the bound: geoopt radam_qr / torch adam = {theirs:.2f}"))
+  for ours in ("radam_qr", "radam_qr cholesky_qr2"):
+    rows.append(row(SUITE, f"train step, {label}: orthojax {ours} / orthojax adam",
+                    ratio(t[f"orthojax {ours}"], t["orthojax adam"]), "x",
+                    Target("<=", round(theirs, 3), backends=("cpu",)),
+                    note=f"the bound: geoopt radam_qr / torch adam = {theirs:.2f}"))
   for kind in ("radam_qr", "radam_cayley"):
     rows.append(row(SUITE, f"train step, {label}: orthojax {kind} / geoopt",
                     ratio(t[f"orthojax {kind}"], t[f"torch {kind}"]), "x"))
