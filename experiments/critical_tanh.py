@@ -331,10 +331,15 @@ class CriticalTanh(_harness.Experiment):
 
   def probe(self, base) -> dict[str, Any]:
     """Probe every cell (:mod:`experiments.critical_tanh_rates`), writing
-    ``<workdir>/probe/rates.json`` after each; returns its contents."""
+    ``<workdir>/probe/rates.json`` after each (other cells already there, probed by the
+    same rule, are kept); returns its contents."""
     rates = {"epochs": rates_lib.PROBE_EPOCHS.value, "widen": rates_lib.WIDEN.value,
              "cells": {}}
     self.rates_source = os.path.join(base.workdir, rates_lib.RATES_FILE)
+    if epath.Path(self.rates_source).exists():
+      earlier = json.loads(epath.Path(self.rates_source).read_text())
+      if (earlier.get("epochs"), earlier.get("widen")) == (rates["epochs"], rates["widen"]):
+        rates["cells"] = earlier.get("cells", {})
     for i, (name, (q, kind)) in enumerate(self.cells.items()):
       entry = rates_lib.probe_cell(base, q, _q_label(q), kind, base.workdir, run_config)
       rates["cells"][name] = entry
