@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from typing import Any, Callable
 
 from absl import flags
@@ -87,7 +86,7 @@ def probe_cell(base, q_star: float, q_label: str, kind: str, workdir: str,
       run = _harness.Run(tags=tags, config=config)
       record = _harness.execute(run, os.path.join(workdir, "probe"),
                                 verbose=flags.FLAGS.verbose)
-      shutil.rmtree(run.file(os.path.join(workdir, "probe"), "checkpoints"), ignore_errors=True)
+      epath.Path(run.file(os.path.join(workdir, "probe"), "checkpoints")).rmtree(missing_ok=True)
       return record["eval"].get("top1", float("nan"))
 
     probe = probe_lib.best_rate(grid, score, widen=WIDEN.value)
