@@ -12,6 +12,8 @@ and, applied to a Gaussian matrix, gives a Haar-distributed ``Q``.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -46,29 +48,32 @@ def qr_orthonormalize(x: jax.Array) -> jax.Array:
     TypeError: ``x`` is not floating point.
     ValueError: ``x.ndim < 2``.
   """
-  check_float(x, "qr_orthonormalize input")
+  return _on_tall(x, "qr_orthonormalize", _householder_tall)
+
+
+def _on_tall(x, name: str, factor: Callable[[jax.Array], jax.Array]) -> jax.Array:
+  """``factor`` (tall, compute dtype → Q) applied to ``x``'s tall view, in ``x``'s layout
+  and dtype; a non-float or non-matrix ``x`` is an error naming ``name``."""
+  check_float(x, f"{name} input")
   x = jnp.asarray(x)
   if x.ndim < 2:
-    raise ValueError(
-        f"qr_orthonormalize needs a matrix (..., m, n) with ndim >= 2, got shape {x.shape}")
-  dtype = x.dtype
-  xc = x.astype(compute_dtype(dtype))
+    raise ValueError(f"{name} needs a matrix (..., m, n) with ndim >= 2, got shape {x.shape}")
+  xc = x.astype(compute_dtype(x.dtype))
   wide = xc.shape[-2] < xc.shape[-1]
-  if wide:
-    xc = jnp.swapaxes(xc, -1, -2)
-  q, r = jnp.linalg.qr(xc, mode="reduced")
+  q = factor(jnp.swapaxes(xc, -1, -2) if wide else xc)
+  return (jnp.swapaxes(q, -1, -2) if wide else q).astype(x.dtype)
+
+
+def _householder_tall(x: jax.Array) -> jax.Array:
+  """The sign-fixed Q of a tall ``x`` by LAPACK's (Householder) QR."""
+  q, r = jnp.linalg.qr(x, mode="reduced")
   diag = jnp.diagonal(r, axis1=-2, axis2=-1)
-  q = q * jnp.where(diag < 0, -1.0, 1.0).astype(q.dtype)[..., None, :]
-  if wide:
-    q = jnp.swapaxes(q, -1, -2)
-  return q.astype(dtype)
+  return q * jnp.where(diag < 0, -1.0, 1.0).astype(q.dtype)[..., None, :]
 
 
-def _cholesky_pass(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """One CholeskyQR pass on a tall ``x``: ``(Q, R)`` with ``x = Q R``, ``R = chol(xᵀx)ᵀ``."""
-  gram = jnp.einsum("...ki,...kj->...ij", x, x, precision=jax.lax.Precision.HIGHEST)
-  lower = jnp.linalg.cholesky(gram)
-  return _solve_upper(x, lower), jnp.swapaxes(lower, -1, -2)
+def _gram(x: jax.Array) -> jax.Array:
+  """``xᵀx`` at full precision."""
+  return jnp.einsum("...ki,...kj->...ij", x, x, precision=jax.lax.Precision.HIGHEST)
 
 
 def _solve_upper(x: jax.Array, lower: jax.Array) -> jax.Array:
@@ -106,22 +111,12 @@ def cholesky_qr2(x: jax.Array, *, tolerance: float = 0.5) -> jax.Array:
   Returns:
     Array of ``x``'s shape and dtype.
   """
-  check_float(x, "cholesky_qr2 input")
-  x = jnp.asarray(x)
-  if x.ndim < 2:
-    raise ValueError(f"cholesky_qr2 needs a matrix (..., m, n) with ndim >= 2, got shape "
-                     f"{x.shape}")
-  dtype = x.dtype
-  xc = x.astype(compute_dtype(dtype))
-  wide = xc.shape[-2] < xc.shape[-1]
-  if wide:
-    xc = jnp.swapaxes(xc, -1, -2)
-  q1, _ = _cholesky_pass(xc)
-  gram = jnp.einsum("...ki,...kj->...ij", q1, q1, precision=jax.lax.Precision.HIGHEST)
-  error = jnp.linalg.norm(gram - jnp.eye(gram.shape[-1], dtype=gram.dtype), axis=(-2, -1))
-  q = _solve_upper(q1, jnp.linalg.cholesky(gram))
-  accurate = jnp.all(jnp.isfinite(error) & (error <= tolerance)) & jnp.all(jnp.isfinite(q))
-  q = jax.lax.cond(accurate, lambda: q, lambda: qr_orthonormalize(xc))
-  if wide:
-    q = jnp.swapaxes(q, -1, -2)
-  return q.astype(dtype)
+  def tall(x):
+    q1 = _solve_upper(x, jnp.linalg.cholesky(_gram(x)))
+    gram = _gram(q1)
+    error = jnp.linalg.norm(gram - jnp.eye(gram.shape[-1], dtype=gram.dtype), axis=(-2, -1))
+    q = _solve_upper(q1, jnp.linalg.cholesky(gram))
+    accurate = jnp.all(jnp.isfinite(error) & (error <= tolerance)) & jnp.all(jnp.isfinite(q))
+    return jax.lax.cond(accurate, lambda: q, lambda: _householder_tall(x))
+
+  return _on_tall(x, "cholesky_qr2", tall)
