@@ -20,6 +20,12 @@ bin-packs its Newton–Schulz costs the same way), then the layers of the stacks
 water-filled on top, each owner taking one contiguous run — a
 ``(200, 400, 400)`` stack on 8 devices gives each 25 consecutive layers, on 16
 devices 12 or 13. Deterministic: ties go to the lower device index.
+
+Splitting (:func:`split_matrices`, opt-in): whole-matrix ownership cannot bring
+the most loaded owner below the largest single matrix. A single matrix whose
+cost is above ``split_above`` times the mean owner load is taken out of the
+assignment and updated by all owners together, its long side split over them;
+each then carries :func:`split_cost` of it.
 """
 
 from __future__ import annotations
@@ -36,6 +42,15 @@ def matrix_cost(n: int, p: int) -> int:
   """The modelled cost of one tall ``(n, p)`` matrix's update."""
   n, p = max(n, p), min(n, p)
   return n * p * (p + ELEMENTWISE_WEIGHT)
+
+
+def split_cost(n: int, p: int, num_owners: int) -> float:
+  """The modelled cost per owner of one tall ``(n, p)`` matrix split over ``num_owners``:
+  its ``n``-long products and element-wise work divided, plus the ``p x p`` products
+  (Gram matrices, the Newton–Schulz polynomial, Cayley's inner systems) that each
+  owner repeats."""
+  n, p = max(n, p), min(n, p)
+  return n * p * (p + ELEMENTWISE_WEIGHT) / num_owners + p ** 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +149,26 @@ def assign_owners(leaves: Sequence[MatrixLeaf], num_owners: int) -> tuple[tuple[
         loads[owner] += leaf.matrix_cost * (last + 1 - first)
         owned[owner].append(Piece(leaf.index, first, last + 1))
   return tuple(tuple(sorted(pieces)) for pieces in owned)
+
+
+def split_matrices(leaves: Sequence[MatrixLeaf], num_owners: int,
+                   split_above: float | None,
+                   splittable: Sequence[int] | None = None) -> tuple[int, ...]:
+  """The indices of the single matrices to split over all owners, largest first.
+
+  A single matrix is split when its cost is above ``split_above`` times the mean
+  owner load (``sum of all matrices' costs / num_owners``): whole-matrix
+  ownership would leave its owner that much above the mean. Only the indices in
+  ``splittable`` (default: all) are candidates. ``None`` (the default of
+  :func:`orthojax.optim.shard_update`) splits nothing.
+  """
+  if split_above is None or num_owners < 2:
+    return ()
+  level = split_above * sum(leaf.matrix_cost * leaf.length for leaf in leaves) / num_owners
+  allowed = None if splittable is None else set(splittable)
+  big = [leaf for leaf in leaves if leaf.length == 1 and leaf.matrix_cost > level
+         and (allowed is None or leaf.index in allowed)]
+  return tuple(leaf.index for leaf in sorted(big, key=lambda l: (-l.matrix_cost, l.index)))
 
 
 def _stripe(leaf: MatrixLeaf, loads: Sequence[int]) -> list[tuple[int, Piece]]:

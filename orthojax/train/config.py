@@ -77,13 +77,17 @@ class MeshConfig:
   """The keywords of ``orthojax.train.mesh.make_mesh`` — axis sizes (−1 fills) and
   slices — and ``shard_update``: on a mesh with more than one data-parallel device,
   each matrix's orthogonalizing update is computed once, by its owner device
-  (:func:`orthojax.optim.shard_update`); false replicates the update on every device."""
+  (:func:`orthojax.optim.shard_update`); false replicates the update on every device.
+  ``split_above``: with ``shard_update``, a single matrix whose update costs more than this
+  multiple of the mean owner load is split over all owners instead (its ``split_above``);
+  None splits nothing."""
 
   data: int = -1
   fsdp: int = 1
   model: int = 1
   num_slices: int = 1
   shard_update: bool = True
+  split_above: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,6 +303,12 @@ class Config:
     if not isinstance(self.mesh.shard_update, bool):
       raise ConfigError(f"config.mesh.shard_update={self.mesh.shard_update!r}: must be true or "
                         f"false")
+    split_above = self.mesh.split_above
+    if split_above is not None and (isinstance(split_above, bool) or
+                                    not isinstance(split_above, (int, float)) or
+                                    not split_above > 0):
+      raise ConfigError(f"config.mesh.split_above={split_above!r}: must be a number > 0 (a "
+                        f"multiple of the mean owner load, e.g. 1.0) or None")
     _nonnegative("hooks.every_steps", self.hooks.every_steps)
     if any(not e >= 0 for e in self.hooks.epochs):
       raise ConfigError(f"config.hooks.epochs={list(self.hooks.epochs)}: epochs must be >= 0")

@@ -240,7 +240,8 @@ def state_shardings(abstract_state: Any, abstract_params: Any, params_shardings:
   follows ``['dense']['kernel']``) when their shapes agree; a leaf of another shape
   (Riemannian Adam's ``second_moment="matrix"``: one scalar per matrix) is replicated.
   The rows of an :class:`orthojax.optim.ShardedUpdateState` (one per owner device) are
-  split over the owner axes; its replicated part is replicated. ``optax.MaskedNode`` s (a
+  split over the owner axes; its replicated part is replicated, except the state of the
+  matrices it splits over all owners (``split_above``), which is split like them. ``optax.MaskedNode`` s (a
   partitioned or masked transformation's placeholders) stay as they are.
   """
   flat = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
@@ -260,7 +261,7 @@ def state_shardings(abstract_state: Any, abstract_params: Any, params_shardings:
     if isinstance(x, oj_optim.ShardedUpdateState):
       rows = NamedSharding(mesh, P(x.layout.axes))
       return oj_optim.ShardedUpdateState({d: rows for d in x.owned},
-                                         jax.tree.map(lambda _: rep, x.replicated), x.layout)
+                                         x.layout.replicated_shardings(mesh), x.layout)
     return leaf_sharding(path, x)
 
   return jax.tree_util.tree_map_with_path(

@@ -255,7 +255,8 @@ def build_program(config: Config, info: DatasetInfo, *,
   # Owner-sharded updates: orthojax's orthogonalizing optimizers built here update each
   # matrix on one device (oj.optim.shard_update); a ready-made chain is used as given.
   shard = config.mesh.shard_update and oj.optim.num_owners(mesh) > 1
-  with oj.optim.sharded_updates(mesh) if shard else contextlib.nullcontext():
+  with (oj.optim.sharded_updates(mesh, split_above=config.mesh.split_above) if shard
+        else contextlib.nullcontext()):
     tx = _build_optimizer(config, optimizer, abstract, abs_params, pure_params, total_steps)
 
   # ------------------------------------------------------------- Sharding --

@@ -28,7 +28,8 @@ from orthojax.train.fingerprint import FIT
 RESUMABLE_KEYS = ("workdir", "data.data_dir", "log_every", "eval_every", "checkpoint.every_steps",
                   "checkpoint.keep", "hooks.every_steps", "hooks.epochs", "final_eval_splits",
                   "eval_batch_size", "mesh.data", "mesh.fsdp", "mesh.model", "mesh.num_slices",
-                  "mesh.shard_update", "nan_policy", "max_skipped_fraction", "grad_accum_steps")
+                  "mesh.shard_update", "mesh.split_above", "nan_policy", "max_skipped_fraction",
+                  "grad_accum_steps")
 LENGTH_KEYS = ("num_steps", "num_epochs")   # resumable with a constant or plateau schedule
 
 

@@ -54,6 +54,8 @@ CASES = [
     ("train", TRAIN, "--config.penalty.kind=so",   # creates the section; strength is required
      "config.penalty.strength: add_orthogonality_penalty needs it"),
     ("train", TRAIN, "--config.batch_size=0", "config.batch_size=0: must be > 0"),
+    ("train", TRAIN, "--config.mesh.split_above=-1",
+     "config.mesh.split_above=-1: must be a number > 0"),
     ("train", TRAIN, "--config.batch_size=12", "config.batch_size=12: not divisible by the 8"),
     ("train", TRAIN, "--config.eval_batch_size=7", "config.eval_batch_size"),
     ("train", TRAIN, "--config.grad_accum_steps=3", "config.grad_accum_steps=3"),

@@ -79,6 +79,8 @@ BAD = [
     (dict(mesh={"dataa": 3}), "config.mesh.dataa: unknown"),
     (dict(mesh={"data": 3}), "config.mesh.data=3 config.mesh.fsdp=1 config.mesh.model=1"),
     (dict(mesh={"data": -1, "fsdp": -1}), "only one axis may be -1"),
+    (dict(mesh={"split_above": 0}), "config.mesh.split_above=0: must be a number > 0"),
+    (dict(mesh={"split_above": "big"}), "config.mesh.split_above='big': must be a number > 0"),
     (dict(grad_accum_steps=0), "config.grad_accum_steps=0"),
     (dict(final_eval_splits=("test", "holdout")), "config.final_eval_splits"),
     (dict(final_eval_splits=("validation",)),   # digits has train and test only

@@ -66,6 +66,16 @@ def test_sharded_and_replicated_updates_train_the_same(tmp_path, replicated):
   _close(oj.optim.replicated_state(on.state.opt_state), off.state.opt_state)
 
 
+def test_split_matrices_train_the_same(tmp_path, replicated):
+  """mesh.split_above: the input kernel, above the mean owner load, is updated by all
+  eight devices (its long side split over them); the stack by its owners."""
+  on = _train(_STIEFEL.replace(mesh={"split_above": 0.5}), tmp_path / "split")
+  (node,) = _sharded_nodes(on.state.opt_state)
+  assert len(node.layout.split) == 1
+  _close(on.state.params, replicated.state.params)
+  _close(oj.optim.replicated_state(on.state.opt_state), replicated.state.opt_state)
+
+
 def test_resume_switches_setting_and_device_count(tmp_path):
   """4 steps sharded on 8 devices, 4 replicated on 4, 4 sharded on 2 = 12 sharded on 8."""
   if jax.device_count() < 8:
