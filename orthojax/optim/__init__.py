@@ -39,7 +39,10 @@ from orthojax.optim._riemannian import scale_by_riemannian_adam
 from orthojax.optim._owners import MatrixLeaf
 from orthojax.optim._owners import Piece
 from orthojax.optim._owners import assign_owners
+from orthojax.optim._owners import split_cost
+from orthojax.optim._owners import split_matrices
 from orthojax.optim._sharded import ShardedUpdateState
+from orthojax.optim._sharded import SplitMatrix
 from orthojax.optim._sharded import UpdateLayout
 from orthojax.optim._sharded import num_owners
 from orthojax.optim._sharded import replicated_state

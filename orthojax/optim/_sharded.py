@@ -25,10 +25,10 @@ Split matrices (``split_above``, off by default): one owner per matrix cannot
 bring the most loaded device below the largest matrix (ResNet-50's
 ``1 x 1 x 1024 x 2048`` projection kernel is 19 % of its conv kernels' update
 cost, 3.1x the mean load on 16 owners). A single matrix above ``split_above``
-times the mean owner load (and whose split axis divides evenly by the owner
-count) is instead updated by all owners together: its gradient, parameter and
-param-shaped state are constrained to have the long side of the matrix view
-split over the owner axes, and the compiler (GSPMD)
+times the mean owner load (and with an axis to split, see ``_split_matrix``)
+is instead updated by all owners together: its gradient, parameter and
+param-shaped state are constrained to have one side of the matrix view (the
+long one where it divides) split over the owner axes, and the compiler (GSPMD)
 partitions the wrapped transformation's products. Each owner then does
 ``1/N`` of the ``n``-long work and repeats the ``p x p`` work; the price is an
 all-reduce of a ``p x p`` partial product (a Gram matrix) per contracted
@@ -188,8 +188,7 @@ class UpdateLayout:
   @functools.cached_property
   def _key(self) -> tuple[Any, ...]:
     return (self.num_owners, self.axes, self.pieces, self.split, self.params_treedef,
-            self.param_avals,
-            self.state_treedef, self.roles, self.state_lengths)
+            self.param_avals, self.state_treedef, self.roles, self.state_lengths)
 
   def __hash__(self) -> int:
     return hash(self._key)
@@ -255,17 +254,29 @@ class UpdateLayout:
     return sum(n * np.dtype(d).itemsize for d, n in self.state_lengths) + split // self.num_owners
 
 
-def _split_matrix(leaf: MatrixLeaf, view: Any, name: str, num_owners: int) -> SplitMatrix:
-  """``leaf`` split over ``num_owners`` along the largest axis of its view's long side."""
+def _split_matrix(leaf: MatrixLeaf, view: Any, name: str, num_owners: int
+                  ) -> SplitMatrix | None:
+  """``leaf`` split over ``num_owners``, or None where no axis allows it.
+
+  The split axis is the outermost axis longer than 1 of one side of the matrix view
+  (the long side if it divides by ``num_owners``, else the short side): the view's
+  reshape merges that side's axes with it outermost, so the merged dimension stays
+  split in contiguous blocks. (Splitting an inner axis, e.g. a 3 x 3 x 512 x 512
+  kernel's input channels, would leave the merged fan-in interleaved, and the
+  compiler gathers the whole matrix.)
+  """
   lo = linalg.layout(leaf.shape, view, name)
   inner = lo.perm[len(lo.batch_shape):]
   k, size = 0, 1
   while size < lo.fan_in:
     size *= leaf.shape[inner[k]]
     k += 1
-  long_side = inner[k:] if lo.transposed else inner[:k]
-  axis = max(long_side, key=lambda a: (leaf.shape[a], -a))
-  return SplitMatrix(leaf.index, axis, split_cost(lo.fan_in, lo.fan_out, num_owners))
+  fan_in, fan_out = inner[:k], inner[k:]
+  for side in ((fan_out, fan_in) if lo.transposed else (fan_in, fan_out)):
+    outer = [a for a in side if leaf.shape[a] > 1][:1]
+    if outer and leaf.shape[outer[0]] % num_owners == 0:
+      return SplitMatrix(leaf.index, outer[0], split_cost(lo.fan_in, lo.fan_out, num_owners))
+  return None
 
 
 def _matrix_leaf(index: int, leaf: Any, view: Any, name: str) -> MatrixLeaf | None:
@@ -357,9 +368,8 @@ def plan(tx: optax.GradientTransformation, params: Any, *, num_owners: int,
       matrices.append(described)
   candidates = {leaf.index: _split_matrix(leaf, per_view[leaf.index], names[leaf.index],
                                           num_owners) for leaf in matrices}
-  divisible = [i for i, c in candidates.items()
-               if int(jnp.shape(leaves[i])[c.axis]) % num_owners == 0]
-  to_split = set(split_matrices(matrices, num_owners, split_above, divisible))
+  splittable = [i for i, c in candidates.items() if c is not None]
+  to_split = set(split_matrices(matrices, num_owners, split_above, splittable))
   split = tuple(candidates[leaf.index] for leaf in matrices if leaf.index in to_split)
   matrices = [leaf for leaf in matrices if leaf.index not in to_split]
   replicated = sorted(replicated + list(to_split))

@@ -15,6 +15,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 import orthojax as oj
 from orthojax.optim import _owners
+from orthojax.optim import _sharded
 
 STACKED = oj.linalg.MatrixView.stacked()
 CONV = oj.linalg.MatrixView.conv(2)
@@ -189,6 +190,19 @@ def test_split_matrices_equal_replicated(name):
 def test_split_matrices_in_bfloat16_and_on_data_times_fsdp(name, dtype):
   params = _params(dtype, {"tall": (64, 16), "conv": (3, 3, 4, 8)})
   _compare(OPTIMIZERS[name], _mesh(2, 4), dtype, params, split_above=1.0)
+
+
+def test_the_split_axis_keeps_the_views_reshape_in_blocks():
+  """The outermost axis of a side longer than 1: a 1 x 1 projection on its output
+  channels (its long side); a 3 x 3 kernel, whose long side (3, 3, cin) starts with a 3,
+  on its output channels (the short side); a kernel with no axis 8 divides: not split."""
+  params = {name: jax.ShapeDtypeStruct(shape, jnp.float32) for name, shape in
+            {"proj": (1, 1, 16, 64), "k3": (3, 3, 16, 16), "odd": (3, 3, 12, 12),
+             "tall": (64, 16)}.items()}
+  layout = _sharded.plan(oj.optim.muon(1e-2), params, num_owners=8, split_above=0.01)
+  names = sorted(params)
+  assert {names[s.index]: s.axis for s in layout.split} == {"proj": 3, "k3": 3, "tall": 0}
+  assert layout.split_spec(names.index("k3")) == P(None, None, None, ("data", "fsdp"))
 
 
 def test_split_above_is_checked():

@@ -29,6 +29,8 @@ NOT_IN_A_REGISTRY = {
     "sharded_state": "a state conversion",
     "num_owners": "a mesh query",
     "assign_owners": "the owner assignment",
+    "split_matrices": "the owner assignment (config.mesh.split_above)",
+    "split_cost": "the owner assignment's cost model",
     "partition": "the trainer routes manifold parameters itself",
     "muon_dimension_numbers": "a helper, not an optimizer",
     "to_muon": "a helper, not an optimizer",
