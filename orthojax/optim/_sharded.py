@@ -126,8 +126,8 @@ class SplitMatrix:
 
   Attributes:
     index: its position among the params' leaves.
-    axis: the parameter axis split over the owner axes (the largest axis of the
-      matrix view's long side).
+    axis: the parameter axis split over the owner axes (the outermost axis of a
+      side of the matrix view, as :func:`orthojax.optim.shard_update` describes).
     cost: the modelled cost each owner carries (:func:`orthojax.optim.split_cost`).
   """
 
@@ -148,7 +148,7 @@ class UpdateLayout:
     axes: the mesh axes the owners run along.
     leaves: the matrix leaves owners update (:class:`MatrixLeaf`).
     replicated: indices of the leaves every device updates (the split ones among them).
-    split: the :class:`SplitMatrix` s, updated by all owners with their long side split.
+    split: the :class:`SplitMatrix` s, updated by all owners with one axis split.
     pieces: per owner, its :class:`Piece` s.
     striped: ``(leaf, s)`` of the stacks whose owner ``j`` holds layers
       ``[j s, (j + 1) s)`` (the last owners fewer or none): their updates leave by
@@ -221,7 +221,7 @@ class UpdateLayout:
             for mine in self.pieces]
 
   def split_spec(self, index: int) -> P:
-    """The ``PartitionSpec`` of split matrix ``index`` (its long side over the owner axes)."""
+    """The ``PartitionSpec`` of split matrix ``index`` (its split axis over the owner axes)."""
     found = {s.index: s.axis for s in self.split}[index]
     ndim = len(self.param_avals[index][0])
     return P(*(self.axes if a == found else None for a in range(ndim)))
@@ -256,15 +256,7 @@ class UpdateLayout:
 
 def _split_matrix(leaf: MatrixLeaf, view: Any, name: str, num_owners: int
                   ) -> SplitMatrix | None:
-  """``leaf`` split over ``num_owners``, or None where no axis allows it.
-
-  The split axis is the outermost axis longer than 1 of one side of the matrix view
-  (the long side if it divides by ``num_owners``, else the short side): the view's
-  reshape merges that side's axes with it outermost, so the merged dimension stays
-  split in contiguous blocks. (Splitting an inner axis, e.g. a 3 x 3 x 512 x 512
-  kernel's input channels, would leave the merged fan-in interleaved, and the
-  compiler gathers the whole matrix.)
-  """
+  """``leaf`` split over ``num_owners`` (the axis ``plan`` describes), or None."""
   lo = linalg.layout(leaf.shape, view, name)
   inner = lo.perm[len(lo.batch_shape):]
   k, size = 0, 1
@@ -354,7 +346,12 @@ def plan(tx: optax.GradientTransformation, params: Any, *, num_owners: int,
   """The :class:`UpdateLayout` of sharding ``tx``'s update of ``params`` over ``num_owners``.
 
   ``params`` may be arrays or ``ShapeDtypeStruct`` s; ``split_above`` as in
-  :func:`shard_update`.
+  :func:`shard_update`. A split matrix's axis is the outermost axis longer than 1
+  of its view's long side, or of the short side where the long side's does not
+  divide by ``num_owners`` (none: it stays whole): the view's reshape merges a
+  side's axes with that one outermost, so the merged dimension stays split in
+  blocks. Splitting an inner axis (a 3 x 3 kernel's input channels) interleaves
+  it, and the TPU compiler gathers the whole matrix on every device.
   """
   leaves, treedef = jax.tree_util.tree_flatten(params)
   names = linalg.leaf_names(params)
@@ -665,10 +662,12 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
       ``("data", "fsdp")`` the mesh has). Devices along other axes (``model``)
       repeat their owner's work.
     split_above: split a single matrix whose modelled cost is above this multiple
-      of the mean owner load over all owners (its long side sharded, the products
-      partitioned by the compiler, with ``p x p`` all-reduces inside its
-      iterations; see the module docstring). ``None`` (default): every matrix has
-      one owner and no all-reduce runs inside an orthogonalization.
+      of the mean owner load over all owners (one axis sharded: the outermost axis
+      longer than 1 of its view's long side, or of the short side where that one's
+      does not divide by the owner count; the products partitioned by the
+      compiler, with collectives inside its iterations; see the module
+      docstring). ``None`` (default): every matrix has one owner and no collective
+      runs inside an orthogonalization.
 
   Returns:
     A ``GradientTransformation`` with the same updates as ``tx`` (to float

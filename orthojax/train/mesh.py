@@ -241,8 +241,9 @@ def state_shardings(abstract_state: Any, abstract_params: Any, params_shardings:
   (Riemannian Adam's ``second_moment="matrix"``: one scalar per matrix) is replicated.
   The rows of an :class:`orthojax.optim.ShardedUpdateState` (one per owner device) are
   split over the owner axes; its replicated part is replicated, except the state of the
-  matrices it splits over all owners (``split_above``), which is split like them. ``optax.MaskedNode`` s (a
-  partitioned or masked transformation's placeholders) stay as they are.
+  matrices it splits over all owners (``split_above``), which is split like them.
+  ``optax.MaskedNode`` s (a partitioned or masked transformation's placeholders) stay as
+  they are.
   """
   flat = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
   follow = {tuple(path): (sharding, tuple(leaf.shape))
