@@ -720,10 +720,14 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
         raise ValueError(f"shard_update: a gradient of dtype {g.dtype} for a parameter of dtype "
                          f"{p.dtype}; cast the gradients to the parameters' dtype first")
     g_leaves, p_leaves = list(g_leaves), list(p_leaves)
-    for split in layout.split:   # the compiler partitions these over the owners
+    # The compiler partitions the split matrices' updates over the owners. Each enters
+    # pinned whole first: without the pin the TPU partitioner carries the split back
+    # into the backward pass (ResNet-50 on v5e:4x4: 132 collective-permutes, +10 % FLOPs).
+    for split in layout.split:
       at = NamedSharding(mesh, layout.split_spec(split.index))
-      g_leaves[split.index] = _place(g_leaves[split.index], at)
-      p_leaves[split.index] = _place(p_leaves[split.index], at)
+      whole = NamedSharding(mesh, P())
+      g_leaves[split.index] = _place(_place(g_leaves[split.index], whole), at)
+      p_leaves[split.index] = _place(_place(p_leaves[split.index], whole), at)
     rest_updates, rest_state = tx.update(_replicated_tree(layout, g_leaves),
                                          _constrain_split(layout, mesh, state.replicated),
                                          _replicated_tree(layout, p_leaves))
