@@ -63,6 +63,10 @@ class Manifold(abc.ABC):
   @abc.abstractmethod
   def _closest(self, w): ...
 
+  def _reorthonormalize(self, w):
+    """``_closest`` for a point that drifted only a little from the manifold."""
+    return self._closest(w)
+
   @abc.abstractmethod
   def _defect(self, w): ...
 
@@ -103,6 +107,16 @@ class Manifold(abc.ABC):
   def orthonormalize(self, w, *, view=None):
     """The closest point of the manifold to ``w`` (polar factor, unit columns)."""
     return on_tall(self._closest, view, w.dtype, w)
+
+  def reorthonormalize(self, w, *, view=None):
+    """:meth:`orthonormalize` for an iterate that drifted from the manifold.
+
+    The periodic clean-up of ``reorthonormalize_every``: the same point to
+    rounding for the full-rank ``w`` an optimizer's iterate is, computed with
+    matrix products where the manifold allows (Stiefel: Newton–Schulz, not an
+    SVD; see :class:`~orthojax.manifolds.Stiefel`).
+    """
+    return on_tall(self._reorthonormalize, view, w.dtype, w)
 
   def defect(self, w, *, view=None):
     """Distance from the manifold per batch matrix (0 on the manifold)."""

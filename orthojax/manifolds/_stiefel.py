@@ -109,8 +109,8 @@ def polish(y, dtype):
   optimizers to 0.3 between their re-orthonormalisations). Computing the
   step in float32 cannot help: the error sits in the stored ``W``. Polishing
   before rounding brings every stored point back to rounding level;
-  re-orthonormalising by an SVD (``reorthonormalize_every``) would cost an
-  SVD per step, or let the defect grow in between.
+  re-orthonormalising (``reorthonormalize_every``) would have to run at every
+  step, or let the defect grow in between.
 
   Args:
     y: ``(..., n, p)`` tall matrix near the manifold (singular values in
@@ -158,6 +158,33 @@ def polar_newton_schulz(x, tol=None, max_steps=12):
 
   _, x, _ = jax.lax.while_loop(cond, body, (0, x, jnp.asarray(jnp.inf, x.dtype)))
   return x
+
+
+def reorthonormalize_newton_schulz(x, max_steps=30):
+  """The polar factor of a full-rank tall ``x`` by scaled cubic Newton–Schulz.
+
+  ``x`` is first divided by ``c = max(1, sqrt(||X^T X||_1))``, an upper bound
+  of its largest singular value when above 1 (``sigma_max^2 <= ||X^T X||_1``,
+  the largest absolute column sum), so that every singular value lies in
+  ``(0, 1]`` where :func:`polar_newton_schulz` converges; the polar factor
+  does not change under a positive scale. Near the manifold (``c = 1``) this is
+  :func:`polar_newton_schulz` itself: two or three steps from the defect a
+  hundred iterative Cayley steps leave. A singular value ``s`` far below 1
+  grows about 1.5x per step, so ``max_steps=30`` reaches rounding level from
+  ``s >= 1e-4``; below that (a numerically rank-deficient ``x``) the result is
+  not orthonormal, where ``linalg.polar``'s SVD picks some completion.
+
+  Why not the SVD (:func:`orthojax.linalg.polar`): the same point to rounding
+  for the inputs an optimizer's periodic clean-up sees, in matrix products
+  only. On TPU the SVD is a long iterative program: ResNet-18's radam-Cayley
+  step with ``reorthonormalize_every=100``, compiled for ``v5e:4x4``, took
+  442 s with the SVD and 207 s with this (191 s with no clean-up).
+  Higham, *Functions of Matrices*, SIAM 2008, §8.3 and Thm 8.12.
+  """
+  s = x.mT @ x
+  c = jnp.sqrt(jnp.max(jnp.sum(jnp.abs(s), axis=-2), axis=-1))
+  x = x / jnp.maximum(c, 1.0)[..., None, None]
+  return polar_newton_schulz(x, max_steps=max_steps)
 
 
 class Stiefel(Manifold):
@@ -247,3 +274,6 @@ class Stiefel(Manifold):
 
   def _closest(self, w):
     return linalg.polar(w)
+
+  def _reorthonormalize(self, w):
+    return reorthonormalize_newton_schulz(w)

@@ -240,7 +240,7 @@ def fused_stiefel_adam(
           y = manifold._retract_for(x, xi, w.dtype)  # pylint: disable=protected-access
         if reorthonormalize_every is not None:
           y = jax.lax.cond(retract_count % reorthonormalize_every == 0,
-                           manifold._closest, lambda y: y, y)  # pylint: disable=protected-access
+                           manifold._reorthonormalize, lambda y: y, y)  # pylint: disable=protected-access
       y = lo.from_tall(y).astype(jnp.result_type(w, g))
       update = (y - w).astype(g.dtype)
       v_new = lo.from_tall(v_new) if elementwise else v_new

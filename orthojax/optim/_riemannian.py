@@ -258,8 +258,8 @@ def retract(manifold: Manifold, views: Any = None,
     views: per-leaf matrix views.
     reorthonormalize_every: if set, every this many steps the new point is
       replaced by the closest point of the manifold
-      (``manifold.orthonormalize``), removing the drift that retractions that
-      do not re-project (Cayley, especially the iterative form) accumulate
+      (``manifold.reorthonormalize``: Newton–Schulz steps for Stiefel),
+      removing the drift that retractions that do not re-project (Cayley, especially the iterative form) accumulate
       from rounding. Li et al. (2020) re-orthonormalize occasionally, too.
       Not needed for parameters stored in bfloat16/float16: there the Cayley
       retraction is followed at every step by Newton–Schulz steps (usually
@@ -282,7 +282,7 @@ def retract(manifold: Manifold, views: Any = None,
       y = manifold.retract(w, u, view=view)
       if reorthonormalize_every is not None:
         y = jax.lax.cond(count % reorthonormalize_every == 0,
-                         lambda y: manifold.orthonormalize(y, view=view), lambda y: y, y)
+                         lambda y: manifold.reorthonormalize(y, view=view), lambda y: y, y)
       return (y - w).astype(u.dtype)
 
     return map_views(leaf, params, updates, views=views), RetractState(count=count)

@@ -7,6 +7,8 @@ compared with the library's float32 result.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -370,6 +372,54 @@ def test_defect_and_orthonormalize(case):
   np.testing.assert_allclose(m.defect(wp, view=view(case)), 0.0, atol=2e-6)
   # A Stiefel point is also on the oblique manifold.
   np.testing.assert_allclose(Oblique().defect(wp, view=view(case)), 0.0, atol=2e-6)
+
+
+@pytest.mark.parametrize("case", NAMES)
+@pytest.mark.parametrize("drift", ["near", "far", "small", "large"])
+def test_reorthonormalize_is_the_polar_factor(case, drift):
+  # Newton–Schulz, scaled where a singular value could exceed sqrt(3), gives
+  # the SVD's polar factor: near the manifold (a Cayley iterate's drift), off
+  # it (a Gaussian matrix), and at scales 1e-3 and 1e3 (the factor is scale-free).
+  m = Stiefel("cayley")
+  rng = np.random.default_rng(31)
+  _, wp = point(case, 32)
+  t = tall(case, wp)
+  x = {"near": t + 0.02 * rng.standard_normal(t.shape),
+       "far": rng.standard_normal(t.shape),
+       "small": 1e-3 * (t + 0.3 * rng.standard_normal(t.shape)),
+       "large": 1e3 * (t + 0.3 * rng.standard_normal(t.shape))}[drift]
+  got = m.reorthonormalize(param(case, x), view=view(case))
+  assert got.shape == wp.shape and got.dtype == jnp.float32
+  want = scipy_polar(tall(case, param(case, x)))
+  np.testing.assert_allclose(tall(case, got), want, atol=2e-5)
+  assert gram_err(tall(case, got)) < 2e-6
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float64])
+def test_reorthonormalize_precision(dtype):
+  # float64 reaches float64 rounding; bfloat16 runs in float32 and is rounded once.
+  rng = np.random.default_rng(33)
+  t = np.linalg.qr(rng.standard_normal((40, 9)))[0] + 0.05 * rng.standard_normal((40, 9))
+  want = scipy.linalg.polar(t)[0]
+  with jax.enable_x64(dtype == jnp.float64):
+    got = Stiefel().reorthonormalize(jnp.asarray(t, dtype))
+    assert got.dtype == dtype
+    got = np.asarray(got.astype(jnp.float32) if dtype == jnp.bfloat16 else got, np.float64)
+  if dtype == jnp.float64:
+    np.testing.assert_allclose(got, want, atol=1e-13)
+  else:
+    np.testing.assert_allclose(got, want, atol=float(jnp.finfo(jnp.bfloat16).eps))
+
+
+def test_reorthonormalize_runs_matrix_products_only():
+  # The point of it: no SVD, QR or eigensolver in the compiled program.
+  x = jnp.asarray(np.random.default_rng(34).standard_normal((3, 30, 7)), jnp.float32)
+  fn = functools.partial(Stiefel().reorthonormalize, view=MatrixView.stacked())
+  # On CPU the LAPACK factorizations (SVD, QR, eigh) are custom calls.
+  assert "custom_call" not in jax.jit(fn).lower(x).as_text()
+  orthonormalize = functools.partial(Stiefel().orthonormalize, view=MatrixView.stacked())
+  assert "custom_call" in jax.jit(orthonormalize).lower(x).as_text()
+  np.testing.assert_allclose(fn(x), scipy_polar(np.asarray(x, np.float64)), atol=2e-5)
 
 
 # -- jit, configuration, errors ---------------------------------------------------
