@@ -139,7 +139,8 @@ def cayley_sgd(
     iterations: fixed-point iterations ``s`` (paper: 2).
     eps: the paper's epsilon.
     reorthonormalize_every: replace the iterate by its polar factor every this
-      many steps (None: never).
+      many steps (None: never), by Newton–Schulz steps
+      (:func:`orthojax.manifolds.reorthonormalize_newton_schulz`).
     views: per-leaf matrix views.
 
   Returns:
