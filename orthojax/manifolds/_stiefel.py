@@ -163,23 +163,28 @@ def polar_newton_schulz(x, tol=None, max_steps=12):
 def reorthonormalize_newton_schulz(x, max_steps=30):
   """The polar factor of a full-rank tall ``x`` by scaled cubic Newton–Schulz.
 
-  ``x`` is first divided by ``c = max(1, sqrt(||X^T X||_1))``, an upper bound
-  of its largest singular value when above 1 (``sigma_max^2 <= ||X^T X||_1``,
-  the largest absolute column sum), so that every singular value lies in
-  ``(0, 1]`` where :func:`polar_newton_schulz` converges; the polar factor
-  does not change under a positive scale. Near the manifold (``c = 1``) this is
-  :func:`polar_newton_schulz` itself: two or three steps from the defect a
-  hundred iterative Cayley steps leave. A singular value ``s`` far below 1
-  grows about 1.5x per step, so ``max_steps=30`` reaches rounding level from
-  ``s >= 1e-4``; below that (a numerically rank-deficient ``x``) the result is
-  not orthonormal, where ``linalg.polar``'s SVD picks some completion.
+  The iteration is ``Y <- Y (3I - Y^T Y) / 2`` until the predicted defect
+  ``3/4 ||Y^T Y - I||_F^2`` is below ``sqrt(p)`` times the dtype's epsilon (the
+  loop of :func:`polish`), which converges for singular values in
+  ``(0, sqrt(3))``. So ``x`` is first divided by
+  ``c = max(1, sqrt(||X^T X||_1))``; ``||X^T X||_1``, the largest absolute
+  column sum, bounds ``sigma_max^2``, so every singular value then lies in
+  ``(0, 1]``. The polar factor does not change under a positive scale. Near
+  the manifold (``c = 1``) two or three steps remove the defect a hundred
+  iterative Cayley steps leave. A singular value ``s`` far below 1 grows about
+  1.5x per step, so ``max_steps=30`` reaches rounding level from
+  ``s >= 1e-4``. Below that (a numerically rank-deficient ``x``) the result
+  is not orthonormal; there the SVD of :func:`orthojax.linalg.polar` picks
+  some completion.
 
-  Why not the SVD (:func:`orthojax.linalg.polar`): the same point to rounding
-  for the inputs an optimizer's periodic clean-up sees, in matrix products
-  only. On TPU the SVD is a long iterative program: ResNet-18's radam-Cayley
-  step with ``reorthonormalize_every=100``, compiled for ``v5e:4x4``, took
-  442 s with the SVD and 207 s with this (191 s with no clean-up).
-  Higham, *Functions of Matrices*, SIAM 2008, §8.3 and Thm 8.12.
+  Why not the SVD: for the inputs an optimizer's periodic clean-up
+  (``reorthonormalize_every``) sees, this is the same point to rounding, in
+  matrix products only. On TPU the SVD is a long iterative program: ResNet-18's
+  radam-Cayley step with ``reorthonormalize_every=100``, owner-sharded and
+  compiled for ``v5e:4x4``, took 442 s to compile with the SVD, 207 s with
+  this and 191 s with no clean-up.
+
+  Higham, *Functions of Matrices*, SIAM 2008, §8.3 and Theorem 8.12.
   """
   s = x.mT @ x
   c = jnp.sqrt(jnp.max(jnp.sum(jnp.abs(s), axis=-2), axis=-1))
