@@ -114,7 +114,7 @@ class Manifold(abc.ABC):
     The periodic clean-up of ``reorthonormalize_every``: the same point to
     rounding for the full-rank ``w`` an optimizer's iterate is, computed with
     matrix products where the manifold allows (Stiefel: Newton–Schulz, not an
-    SVD; see :class:`~orthojax.manifolds.Stiefel`).
+    SVD: :func:`~orthojax.manifolds.reorthonormalize_newton_schulz`).
     """
     return on_tall(self._reorthonormalize, view, w.dtype, w)
 
