@@ -121,8 +121,8 @@ CHOLESKY_QR2 = "--config.optimizer.stiefel.manifold.qr_algorithm=cholesky_qr2"
 
 
 CONV_OPTIMIZERS = {
-    # Riemannian Adam with the iterative Cayley retraction (two iterations), as E1's radam rows
-    # have always been measured. The step between clean-ups: with reorthonormalize_every the
+    # Riemannian Adam with the iterative Cayley retraction (two iterations, Li et al.'s), and
+    # the step between clean-ups: with reorthonormalize_every the
     # report would count the clean-up's branch on every step (a conditional by its costliest
     # branch) and its Newton-Schulz loop at its bound of 30 steps. Every 100 steps the clean-up
     # costs 4 n p^2 per Newton-Schulz step per kernel (43.4 GFLOP over ResNet-50's 53) and
