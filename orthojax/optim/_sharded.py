@@ -723,9 +723,9 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
     # The compiler partitions the split matrices' updates over the owners. Each enters
     # pinned whole first: without the pin the TPU partitioner carries the split back
     # into the backward pass (ResNet-50 on v5e:4x4: 132 collective-permutes, +10 % FLOPs).
+    whole = NamedSharding(mesh, P())
     for split in layout.split:
       at = NamedSharding(mesh, layout.split_spec(split.index))
-      whole = NamedSharding(mesh, P())
       g_leaves[split.index] = _place(_place(g_leaves[split.index], whole), at)
       p_leaves[split.index] = _place(_place(p_leaves[split.index], whole), at)
     rest_updates, rest_state = tx.update(_replicated_tree(layout, g_leaves),
