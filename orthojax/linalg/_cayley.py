@@ -32,6 +32,8 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
+from orthojax.linalg._lapack import per_matrix_on_cpu
+
 
 class LowRank(NamedTuple):
   """A matrix ``u @ swapaxes(v)`` kept as its factors, batched over leading axes.
@@ -60,6 +62,8 @@ class LowRank(NamedTuple):
 
 
 _METHODS = ("exact", "iterative")
+# One matrix per LAPACK call on CPU (orthojax.linalg._lapack says why).
+_solve = per_matrix_on_cpu(jnp.linalg.solve)
 
 
 def generator_matmul(a: jnp.ndarray | LowRank, x: jnp.ndarray) -> jnp.ndarray:
@@ -130,10 +134,10 @@ def cayley_transform(
     vt = jnp.swapaxes(v, -1, -2)
     r = u.shape[-1]
     small = jnp.eye(r, dtype=u.dtype) - 0.5 * t * (vt @ u)
-    return x + t * (u @ jnp.linalg.solve(small, vt @ x))
+    return x + t * (u @ _solve(small, vt @ x))
   eye = jnp.eye(n, dtype=a.dtype)
   half = 0.5 * t * a
-  return jnp.linalg.solve(eye - half, x + half @ x)
+  return _solve(eye - half, x + half @ x)
 
 
 def cayley_safe_step(a: jnp.ndarray | LowRank, lr: float | jnp.ndarray, q: float = 0.5,

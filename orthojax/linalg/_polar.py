@@ -15,22 +15,26 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from orthojax.linalg._lapack import per_matrix_on_cpu
 from orthojax.linalg._matrix_view import check_float
 from orthojax.linalg._matrix_view import compute_dtype
 
 _METHODS = ("svd", "eigh")
 _HIGHEST = jax.lax.Precision.HIGHEST
+# One matrix per LAPACK call on CPU (orthojax.linalg._lapack says why).
+_svd = per_matrix_on_cpu(lambda x: jnp.linalg.svd(x, full_matrices=False))
+_eigh = per_matrix_on_cpu(jnp.linalg.eigh)
 
 
 def _polar_svd(x: jax.Array) -> jax.Array:
-  u, _, vh = jnp.linalg.svd(x, full_matrices=False)
+  u, _, vh = _svd(x)
   return jnp.matmul(u, vh, precision=_HIGHEST)
 
 
 def _polar_eigh(x: jax.Array) -> jax.Array:
   """``X (XᵀX)^{-1/2}`` for tall ``X``, via the eigendecomposition of the p×p Gram."""
   gram = jnp.matmul(jnp.swapaxes(x, -1, -2), x, precision=_HIGHEST)
-  w, v = jnp.linalg.eigh(gram)
+  w, v = _eigh(gram)
   p = x.shape[-1]
   # Eigenvalues below round-off of the largest are treated as zero: the
   # corresponding directions (rank deficiency) are dropped, not amplified.

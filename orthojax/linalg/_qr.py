@@ -17,6 +17,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from orthojax.linalg._lapack import per_matrix_on_cpu
 from orthojax.linalg._matrix_view import check_float
 from orthojax.linalg._matrix_view import compute_dtype
 
@@ -65,10 +66,20 @@ def _on_tall(x, name: str, factor: Callable[[jax.Array], jax.Array]) -> jax.Arra
 
 
 def _householder_tall(x: jax.Array) -> jax.Array:
-  """The sign-fixed Q of a tall ``x`` by LAPACK's (Householder) QR."""
-  q, r = jnp.linalg.qr(x, mode="reduced")
-  diag = jnp.diagonal(r, axis1=-2, axis2=-1)
+  """The sign-fixed Q of a tall ``x`` by LAPACK's (Householder) QR.
+
+  ``diag(R)`` is read as ``diag(QᵀX)`` (``R = QᵀX``), the column-wise dot products of
+  ``Q`` and ``X``: asking LAPACK for ``R`` too makes XLA:CPU copy the packed
+  factorisation and start forming ``Q`` from a worker of its thread pool
+  (:mod:`orthojax.linalg._lapack` has why that matters).
+  """
+  q = _q_factor(x)
+  diag = jnp.einsum("...ij,...ij->...j", q, x, precision=jax.lax.Precision.HIGHEST)
   return q * jnp.where(diag < 0, -1.0, 1.0).astype(q.dtype)[..., None, :]
+
+
+_q_factor = per_matrix_on_cpu(lambda x: jnp.linalg.qr(x, mode="reduced")[0])
+_cholesky = per_matrix_on_cpu(jnp.linalg.cholesky)
 
 
 def _gram(x: jax.Array) -> jax.Array:
@@ -78,8 +89,12 @@ def _gram(x: jax.Array) -> jax.Array:
 
 def _solve_upper(x: jax.Array, lower: jax.Array) -> jax.Array:
   """``x R⁻¹`` for ``R = Lᵀ`` (``lower`` is ``L``)."""
-  return jax.lax.linalg.triangular_solve(lower, x, left_side=False, lower=True,
-                                         transpose_a=True)
+  return _triangular_solve(lower, x)
+
+
+_triangular_solve = per_matrix_on_cpu(
+    lambda lower, x: jax.lax.linalg.triangular_solve(lower, x, left_side=False, lower=True,
+                                                     transpose_a=True))
 
 
 def cholesky_qr2(x: jax.Array, *, tolerance: float = 0.5) -> jax.Array:
@@ -112,10 +127,10 @@ def cholesky_qr2(x: jax.Array, *, tolerance: float = 0.5) -> jax.Array:
     Array of ``x``'s shape and dtype.
   """
   def tall(x):
-    q1 = _solve_upper(x, jnp.linalg.cholesky(_gram(x)))
+    q1 = _solve_upper(x, _cholesky(_gram(x)))
     gram = _gram(q1)
     error = jnp.linalg.norm(gram - jnp.eye(gram.shape[-1], dtype=gram.dtype), axis=(-2, -1))
-    q = _solve_upper(q1, jnp.linalg.cholesky(gram))
+    q = _solve_upper(q1, _cholesky(gram))
     accurate = jnp.all(jnp.isfinite(error) & (error <= tolerance)) & jnp.all(jnp.isfinite(q))
     return jax.lax.cond(accurate, lambda: q, lambda: _householder_tall(x))
 

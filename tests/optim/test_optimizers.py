@@ -194,7 +194,10 @@ def test_reaches_known_optimum(name):
   leaves = OPTIMIZERS[name][1]
   params = _solved(name)
   values = _values(params)
-  tol = 1e-4 if name == "landing" else 1e-5
+  # Exact Cayley never re-projects: each step is orthogonal to rounding, and 1000 float32
+  # steps drift by a random walk (1.02e-5 on the stack with Nesterov momentum on one AMD
+  # EPYC, under 1e-5 on another); the projecting retractions stay at rounding level.
+  tol = {"landing": 1e-4, "rsgd-cayley": 3e-5, "rsgd-cayley-nesterov": 3e-5}.get(name, 1e-5)
   for k in leaves:
     assert np.all(_defect(params[k]) < tol), (k, _defect(params[k]))
     np.testing.assert_allclose(values[k], OPTIMUM[k], rtol=1e-4, err_msg=f"{name}: leaf {k}")
