@@ -39,6 +39,7 @@ SUITES: list[tuple[str, str]] = [
     ("memory", "benchmarks.memory_bench"),
     ("scale", "benchmarks.scale_bench"),
     ("peers", "benchmarks.peers_bench"),
+    ("loaded", "benchmarks.loaded_bench"),
 ]
 
 

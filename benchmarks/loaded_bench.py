@@ -1,0 +1,125 @@
+"""The QR steps on a loaded machine: a second job on every core, against idle.
+
+On a small shared CPU, LAPACK's threads once made a QR step collapse under load (a
+32 × 400 × 400 QR 36× slower with the machine busy, issue 29). This suite times
+orthojax's QR-retraction steps (Riemannian Adam and SGD with momentum, the retraction
+by Householder QR and by CholeskyQR2) on the stacks of the peers suite, idle and
+with a second job running: ``os.cpu_count()`` processes spinning on a Python loop at
+the same priority, paused (SIGSTOP) for the idle rounds. Idle and loaded rounds
+alternate; each time is the median of its rounds.
+
+Target (CPU): a loaded step at most 1.5× the idle step. A fair scheduler gives each of
+two equal jobs half the machine, so a step that used every core fully would take 2×;
+the bound asks that the step lose no more than its share of parallelism, and never
+fall into the oversubscribed regime where waiting threads make it many times slower.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import orthojax as oj
+from benchmarks import _peers_data
+from benchmarks._harness import Row
+from benchmarks._harness import Target
+from benchmarks._harness import ratio
+from benchmarks._harness import row
+
+SUITE = "loaded"
+BOUND = Target("<=", 1.5, backends=("cpu",))
+_STACK = oj.linalg.MatrixView.stacked()
+_SPIN = "while True:\n    pass\n"
+
+
+@contextlib.contextmanager
+def _second_job() -> Iterator[Callable[[bool], None]]:
+  """Spinning processes, one per core; yields ``set_running(bool)``."""
+  procs = [subprocess.Popen([sys.executable, "-c", _SPIN]) for _ in range(os.cpu_count() or 1)]
+
+  def set_running(running: bool) -> None:
+    for p in procs:
+      p.send_signal(signal.SIGCONT if running else signal.SIGSTOP)
+    time.sleep(0.5)   # let the scheduler settle
+
+  try:
+    set_running(False)
+    yield set_running
+  finally:
+    for p in procs:
+      p.kill()
+      p.wait()
+
+
+def _step(tx: optax.GradientTransformation, w: Any, g: Any) -> Callable[[], float]:
+  """One timed optimizer step (seconds), the weights and state carried along."""
+  g = jnp.asarray(g)
+  box = {"w": jnp.asarray(w)}
+  box["state"] = tx.init(box["w"])
+
+  @jax.jit
+  def step(w, state):
+    u, state = tx.update(g, state, w)
+    return optax.apply_updates(w, u), state
+
+  def timed() -> float:
+    t0 = time.perf_counter()
+    box["w"], box["state"] = step(box["w"], box["state"])
+    jax.block_until_ready(box["w"])
+    return time.perf_counter() - t0
+
+  timed()   # compile
+  return timed
+
+
+def _optimizers() -> dict[str, optax.GradientTransformation]:
+  out = {}
+  for algorithm in ("householder", "cholesky_qr2"):
+    qr = oj.manifolds.Stiefel("qr", qr_algorithm=algorithm)
+    out[f"radam_qr {algorithm}"] = oj.optim.radam(1e-3, qr, second_moment="matrix_sum",
+                                                  views=_STACK)
+    out[f"rsgd_qr {algorithm}"] = oj.optim.rsgd(1e-3, qr, momentum=0.9, views=_STACK)
+  return out
+
+
+def run(quick: bool = False) -> list[Row]:
+  if jax.default_backend() != "cpu":
+    return [row(SUITE, "skipped", float("nan"), "", note="CPU only")]
+  shapes = [(8, 200, 200)] if quick else [(32, 400, 400), (32, 1024, 256)]
+  rounds, calls = (2, 2) if quick else (4, 3)
+  rows = []
+  with _second_job() as set_running:
+    for shape in shapes:
+      w, g = _peers_data.optimizer_case(shape)
+      steps = {name: _step(tx, w, g) for name, tx in _optimizers().items()}
+      times: dict[tuple[str, bool], list[float]] = {}
+      loads = []
+      for _ in range(rounds):
+        for loaded in (False, True):
+          set_running(loaded)
+          for _ in range(calls):
+            for name, timed in steps.items():
+              times.setdefault((name, loaded), []).append(timed())
+          if loaded:
+            loads.append(os.getloadavg()[0])
+      set_running(False)
+      label = f"{shape[0]} x {shape[1]}x{shape[2]}"
+      for name in steps:
+        idle, busy = (statistics.median(times[(name, b)]) for b in (False, True))
+        rows.append(row(SUITE, f"{name} step, {label}, idle", 1e3 * idle, "ms"))
+        rows.append(row(SUITE, f"{name} step, {label}, loaded", 1e3 * busy, "ms"))
+        rows.append(row(SUITE, f"{name} step, {label}: loaded / idle", ratio(busy, idle), "x",
+                        BOUND, note=f"{os.cpu_count()} spinning processes; 1-minute load "
+                                    f"{max(loads):.1f} at most while loaded; OPENBLAS_NUM_THREADS="
+                                    f"{os.environ.get('OPENBLAS_NUM_THREADS', 'default')}"))
+  return rows
