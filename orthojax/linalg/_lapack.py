@@ -13,7 +13,7 @@ Measured with jax 0.10.2 on this project's 2-core machine: two batched sign-fixe
 QRs of 16 × 400 × 400 in one ``jit`` hung in 6 of 6 runs, two of 16 × 128 × 128 in 4
 of 6; mapped over the batch, 0 of 8.
 
-:func:`per_matrix_on_cpu` therefore runs the factorisation under ``jax.lax.map`` on
+``per_matrix_on_cpu`` therefore runs the factorisation under ``jax.lax.map`` on
 CPU, so each call holds one matrix and never waits on the pool; other platforms get
 the batched call (cuSOLVER's and the TPU's batched kernels). The price on CPU is the
 batch's parallelism inside jaxlib, which the measurement above shows small: 32 QRs of
