@@ -23,14 +23,12 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import jax
-import jax.numpy as jnp
-import optax
 
-import orthojax as oj
 from benchmarks import _peers_data
+from benchmarks import peers_bench
 from benchmarks._harness import Row
 from benchmarks._harness import Target
 from benchmarks._harness import ratio
@@ -38,7 +36,6 @@ from benchmarks._harness import row
 
 SUITE = "loaded"
 BOUND = Target("<=", 1.5, backends=("cpu",))
-_STACK = oj.linalg.MatrixView.stacked()
 _SPIN = "while True:\n    pass\n"
 
 
@@ -61,37 +58,6 @@ def _second_job() -> Iterator[Callable[[bool], None]]:
       p.wait()
 
 
-def _step(tx: optax.GradientTransformation, w: Any, g: Any) -> Callable[[], float]:
-  """One timed optimizer step (seconds), the weights and state carried along."""
-  g = jnp.asarray(g)
-  box = {"w": jnp.asarray(w)}
-  box["state"] = tx.init(box["w"])
-
-  @jax.jit
-  def step(w, state):
-    u, state = tx.update(g, state, w)
-    return optax.apply_updates(w, u), state
-
-  def timed() -> float:
-    t0 = time.perf_counter()
-    box["w"], box["state"] = step(box["w"], box["state"])
-    jax.block_until_ready(box["w"])
-    return time.perf_counter() - t0
-
-  timed()   # compile
-  return timed
-
-
-def _optimizers() -> dict[str, optax.GradientTransformation]:
-  out = {}
-  for algorithm in ("householder", "cholesky_qr2"):
-    qr = oj.manifolds.Stiefel("qr", qr_algorithm=algorithm)
-    out[f"radam_qr {algorithm}"] = oj.optim.radam(1e-3, qr, second_moment="matrix_sum",
-                                                  views=_STACK)
-    out[f"rsgd_qr {algorithm}"] = oj.optim.rsgd(1e-3, qr, momentum=0.9, views=_STACK)
-  return out
-
-
 def run(quick: bool = False) -> list[Row]:
   if jax.default_backend() != "cpu":
     return [row(SUITE, "skipped", float("nan"), "", note="CPU only")]
@@ -101,7 +67,13 @@ def run(quick: bool = False) -> list[Row]:
   with _second_job() as set_running:
     for shape in shapes:
       w, g = _peers_data.optimizer_case(shape)
-      steps = {name: _step(tx, w, g) for name, tx in _optimizers().items()}
+      steps = {}
+      for kind in ("radam_qr", "rsgd_qr"):
+        for algorithm in ("householder", "cholesky_qr2"):
+          timed = peers_bench._timed(peers_bench._orthojax_step(
+              peers_bench._orthojax_optimizer(kind, algorithm), w, g))
+          timed()   # compile
+          steps[f"{kind} {algorithm}"] = timed
       times: dict[tuple[str, bool], list[float]] = {}
       loads = []
       for _ in range(rounds):
