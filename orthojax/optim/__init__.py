@@ -4,8 +4,8 @@ Building blocks (compose with ``optax.chain``): :func:`project_to_tangent`,
 :func:`riemannian_momentum`, :func:`scale_by_riemannian_adam`, :func:`retract`.
 Optimizers: :func:`rsgd`, :func:`radam`, :func:`projected_gradient`,
 :func:`cayley_sgd`, :func:`cayley_adam`, :func:`landing`, :func:`muon`,
-:func:`stiefel_muon`; :func:`fused_stiefel_adam` is ``radam``'s fused Stiefel
-path. Regularisation: :func:`add_orthogonality_penalty`.
+:func:`stiefel_muon`; :func:`fused_stiefel_adam` and :func:`fused_stiefel_momentum` are
+``radam``'s and ``rsgd``'s fused Stiefel paths. Regularisation: :func:`add_orthogonality_penalty`.
 Routing: :func:`partition` (:func:`keeps_manifold` tells which transformations keep
 a manifold leaf on its manifold). Pod scale: :func:`shard_update` (each matrix's update
 computed once, by its owner device), :func:`sharded_updates`,
@@ -19,6 +19,7 @@ from orthojax.optim._cayley import CayleyState
 from orthojax.optim._cayley import cayley_adam
 from orthojax.optim._cayley import cayley_sgd
 from orthojax.optim._fused import fused_stiefel_adam
+from orthojax.optim._fused_momentum import fused_stiefel_momentum
 from orthojax.optim._keeps import keeps_manifold
 from orthojax.optim._landing import LandingState
 from orthojax.optim._landing import landing

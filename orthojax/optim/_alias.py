@@ -8,6 +8,7 @@ import optax
 
 from orthojax.manifolds import Manifold, Stiefel
 from orthojax.optim._fused import fused_stiefel_adam, supports_fused
+from orthojax.optim._fused_momentum import fused_stiefel_momentum
 from orthojax.optim._riemannian import (project_to_tangent, retract, riemannian_momentum,
                                          scale_by_riemannian_adam)
 from orthojax.optim._sharded import owner_sharded
@@ -37,8 +38,17 @@ def rsgd(
     nesterov: Nesterov momentum.
     views: per-leaf matrix views (see ``orthojax.linalg.map_views``).
     reorthonormalize_every: see :func:`orthojax.optim.retract`.
+
+  The result is the chain ``project_to_tangent``, ``riemannian_momentum`` (when
+  ``momentum > 0``), ``optax.scale_by_learning_rate``, ``retract``. With momentum on
+  ``Stiefel`` with the Euclidean metric the same step (and the same state
+  structure) is computed by :func:`orthojax.optim.fused_stiefel_momentum`, which
+  needs half the matrix products for heavy ball.
   """
   manifold = _default(manifold)
+  if momentum and supports_fused(manifold):
+    return fused_stiefel_momentum(learning_rate, manifold, momentum, nesterov, views=views,
+                                  reorthonormalize_every=reorthonormalize_every)
   links = [project_to_tangent(manifold, views)]
   if momentum:
     links.append(riemannian_momentum(manifold, momentum, nesterov, views))

@@ -124,6 +124,28 @@ def cayley_iterative_from_coordinates(x, xi, omega, iterations):
   return x @ z + xi_perp @ k
 
 
+def retract_tall(manifold: Stiefel, x, xi, omega, stored_dtype, count,
+                 reorthonormalize_every: int | None):
+  """The chain's ``retract`` link on a tall ``x`` given the step ``xi`` and ``omega = x^T xi``.
+
+  Iterative Cayley runs in coordinates (:func:`cayley_iterative_from_coordinates`,
+  which uses ``omega``); every other retraction is ``manifold``'s own on ``x + xi``.
+  ``stored_dtype`` is the parameter's (bfloat16/float16 Cayley results are polished,
+  as in ``Stiefel.retract``); ``count`` is the retraction step for
+  ``reorthonormalize_every``.
+  """
+  with jax.named_scope("retraction"):
+    if manifold.retraction == "cayley" and manifold.cayley_iterations is not None:
+      y = cayley_iterative_from_coordinates(x, xi, omega, manifold.cayley_iterations)
+      y = polish(y, stored_dtype)  # as Stiefel's Cayley retraction
+    else:
+      y = manifold._retract_for(x, xi, stored_dtype)  # pylint: disable=protected-access
+    if reorthonormalize_every is not None:
+      y = jax.lax.cond(count % reorthonormalize_every == 0,
+                       manifold._reorthonormalize, lambda y: y, y)  # pylint: disable=protected-access
+  return y
+
+
 @owner_sharded
 @retracting
 def fused_stiefel_adam(
@@ -175,7 +197,6 @@ def fused_stiefel_adam(
       retract(manifold, views, reorthonormalize_every),
   )
   elementwise = second_moment == "elementwise"
-  iterative_cayley = manifold.retraction == "cayley" and manifold.cayley_iterations is not None
 
   def update_fn(updates, state, params=None):
     _require_params(params, "radam")
@@ -232,15 +253,8 @@ def fused_stiefel_adam(
       d = d.astype(g.dtype).astype(dtype)
       scale = neg_lr.astype(dtype)
       xi = scale * d
-      with jax.named_scope("retraction"):
-        if iterative_cayley:
-          y = cayley_iterative_from_coordinates(x, xi, scale * omega, manifold.cayley_iterations)
-          y = polish(y, w.dtype)  # as Stiefel's Cayley retraction
-        else:
-          y = manifold._retract_for(x, xi, w.dtype)  # pylint: disable=protected-access
-        if reorthonormalize_every is not None:
-          y = jax.lax.cond(retract_count % reorthonormalize_every == 0,
-                           manifold._reorthonormalize, lambda y: y, y)  # pylint: disable=protected-access
+      y = retract_tall(manifold, x, xi, scale * omega, w.dtype, retract_count,
+                       reorthonormalize_every)
       y = lo.from_tall(y).astype(jnp.result_type(w, g))
       update = (y - w).astype(g.dtype)
       v_new = lo.from_tall(v_new) if elementwise else v_new

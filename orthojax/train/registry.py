@@ -74,6 +74,7 @@ OPTIMIZERS: dict[str, Callable[..., Any]] = {
     "muon": optim.muon,                # over optax.contrib.muon: dimension numbers from views
     "stiefel_muon": optim.stiefel_muon,
     "fused_stiefel_adam": optim.fused_stiefel_adam,
+    "fused_stiefel_momentum": optim.fused_stiefel_momentum,
 }
 """Every optax optimizer (``sgd``, ``adam``, ``adamw``, ``lion`` …, also as
 ``optax.<name>``) and every orthojax one, by the name a section gives. Two names mean orthojax's: ``radam`` is
@@ -82,7 +83,8 @@ and ``muon`` is orthojax's wrapper of optax.contrib's (same keywords, plus conv 
 and stacks orthogonalized from their matrix view)."""
 
 MANIFOLD_OPTIMIZERS = ("rsgd", "radam", "projected_gradient", "cayley_sgd", "cayley_adam",
-                       "landing", "stiefel_muon", "fused_stiefel_adam")
+                       "landing", "stiefel_muon", "fused_stiefel_adam",
+                       "fused_stiefel_momentum")
 """The optimizers that keep their parameters on a manifold (need manifold parameters)."""
 
 MANIFOLDS: dict[str, Callable[..., Any]] = {"Stiefel": manifolds.Stiefel,

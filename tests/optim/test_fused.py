@@ -170,3 +170,70 @@ def test_cayley_coordinates_equal_the_generator_form(n, p, iterations):
   want = Stiefel("cayley", cayley_iterations=iterations).retract(
       x, xi, view=MatrixView.stacked())
   np.testing.assert_allclose(got, want, atol=2e-6)
+
+
+# ------------------------------------------- rsgd's fused momentum path ---
+
+def _momentum_chain(lr, manifold, momentum, nesterov, reorthonormalize_every=None):
+  return optax.chain(
+      oj.optim.project_to_tangent(manifold, VIEWS),
+      oj.optim.riemannian_momentum(manifold, momentum, nesterov, VIEWS),
+      optax.scale_by_learning_rate(lr),
+      oj.optim.retract(manifold, VIEWS, reorthonormalize_every),
+  )
+
+
+@pytest.mark.parametrize("nesterov", [False, True], ids=["heavy_ball", "nesterov"])
+@pytest.mark.parametrize("retraction", sorted(RETRACTIONS))
+def test_rsgd_momentum_equals_the_chain(retraction, nesterov):
+  manifold = RETRACTIONS[retraction]
+  # lr 0.005: with momentum 0.9 the steps grow to ~10 lr |G|; the 2-iteration Cayley
+  # fixed point's defect and the paths' O(defect * step) difference grow with them.
+  lr = optax.cosine_decay_schedule(0.005, 20)
+  params, loss = _problem()
+  fused = oj.optim.rsgd(lr, manifold, momentum=0.9, nesterov=nesterov, views=VIEWS,
+                        reorthonormalize_every=3)
+  assert isinstance(fused.init(params)[1], oj.optim.RiemannianMomentumState)
+  chain = _momentum_chain(lr, manifold, 0.9, nesterov, reorthonormalize_every=3)
+  history, s_chain, s_fused = _run_both(chain, fused, params, loss)
+  for t, (pa, pb) in enumerate(history):
+    for k in SHAPES:
+      np.testing.assert_allclose(pb[k], pa[k], atol=1e-5, err_msg=f"step {t}, {k}")
+  # The run moved well beyond the tolerance.
+  assert max(float(jnp.abs(history[-1][0][k] - params[k]).max()) for k in SHAPES) > 1e-2
+  assert jax.tree.structure(s_fused) == jax.tree.structure(s_chain)
+  for a, b in zip(jax.tree.leaves(s_chain), jax.tree.leaves(s_fused)):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_allclose(b, a, atol=2e-5, rtol=1e-4)
+  # The fused path stays as close to the manifold as the chain (the 2-iteration Cayley
+  # fixed point leaves a defect of O(step^3) in both).
+  for k in SHAPES:
+    defects = [np.max(np.asarray(Stiefel().defect(p[k], view=VIEWS[k])))
+               for p in history[-1]]
+    assert defects[1] < max(1e-5, 1.1 * defects[0]), (k, defects)
+
+
+@pytest.mark.parametrize("dtype, atol", [(jnp.bfloat16, 2e-2), (jnp.float64, 1e-12)],
+                         ids=["bfloat16", "float64"])
+def test_rsgd_momentum_equals_the_chain_in_other_dtypes(dtype, atol):
+  with jax.enable_x64(dtype == jnp.float64):
+    params, loss = _problem(dtype)
+    manifold = Stiefel("qr")
+    fused = oj.optim.rsgd(0.02, manifold, momentum=0.9, views=VIEWS)
+    chain = _momentum_chain(0.02, manifold, 0.9, False)
+    history, s_chain, s_fused = _run_both(chain, fused, params, loss, steps=3)
+    for a, b in zip(jax.tree.leaves(s_chain), jax.tree.leaves(s_fused)):
+      assert a.dtype == b.dtype
+    for pa, pb in history:
+      for k in SHAPES:
+        assert pb[k].dtype == dtype
+        # bfloat16: the chain rounds between its links, the fused path once.
+        np.testing.assert_allclose(np.float64(pb[k]), np.float64(pa[k]), atol=atol)
+
+
+def test_rsgd_is_fused_only_where_it_applies():
+  params, _ = _problem()
+  assert len(oj.optim.rsgd(0.1, momentum=0.0, views=VIEWS).init(params)) == 3  # no trace
+  for manifold in (Stiefel(metric="canonical"), Oblique()):
+    tx = oj.optim.rsgd(0.1, manifold, momentum=0.9)
+    assert isinstance(tx.init({"w": jnp.ones((4, 3))})[1], oj.optim.RiemannianMomentumState)
