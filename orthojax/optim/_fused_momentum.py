@@ -10,7 +10,7 @@ chain's tuple of states), same results up to float rounding — with fewer matri
 products. :func:`orthojax.optim.rsgd` uses it whenever it applies and
 ``momentum > 0``.
 
-Notation as in :mod:`orthojax.optim._fused`: ``W`` tall with ``W^T W = I``,
+Notation as in :func:`orthojax.optim.fused_stiefel_adam`: ``W`` tall with ``W^T W = I``,
 ``G`` the Euclidean gradient, ``m`` the stored trace (tangent at the previous
 point), ``P(X) = X - W sym(W^T X)``. The chain forms ``P(G)`` and transports
 ``m`` by projection, ``P(m)``: four products. Since ``P`` is linear,
@@ -21,7 +21,7 @@ point), ``P(X) = X - W sym(W^T X)``. The chain forms ``P(G)`` and transports
   it is ``G + mu X - W sym(a + mu c)``: four products, as the chain;
 * ``W^T P(Y) = skew(W^T Y)``, so the step's ``Omega = W^T xi`` is ``skew(c)``
   (or ``skew(a + mu c)``) for free, which the iterative Cayley retraction in
-  coordinates uses (:func:`orthojax.optim._fused.cayley_iterative_from_coordinates`).
+  coordinates uses (as :func:`orthojax.optim.fused_stiefel_adam` does).
 
 For a stack of 32 square 400 x 400 matrices with the QR retraction that is 64
 instead of 128 products of 400^3 per heavy-ball step. The identities use
