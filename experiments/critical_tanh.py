@@ -67,10 +67,11 @@ non-orthogonality penalty) by Bayesian optimisation on validation accuracy
 after 50 epochs; here they are config keys
 (``--config.optimizer.stiefel.learning_rate``, ``--config.optimizer.euclidean.learning_rate``, …),
 1e-3 by default, and there is no oblique penalty. The full-depth training flagfiles
-(``critical_tanh_full_euclidean.flags``, ``critical_tanh_full_manifold.flags``) set
-each kind's rates from a short probe instead (the best validation accuracy after 5
-epochs at ``q* = 1/64``; the ``probe`` stage probes every network), so the two kinds run
-in separate workdirs, and
+(``critical_tanh_full_euclidean.flags``, ``critical_tanh_full_manifold.flags``) train
+every network at its own rates from a short probe instead (the best validation accuracy
+after 5 epochs of that network; the ``probe`` stage wrote
+``experiments/flags/critical_tanh_rates.json``, which they read with ``--rates_from``);
+the two kinds run in separate workdirs, and
 ``--include_workdirs`` brings one's finished networks into the other's report (rows,
 notes, plots; each workdir's optimizers named in a note). ``critical_tanh_cpu.flags`` is a reduced
 scale (config argument ``cpu``: depth 50, width 128, the 5000-image MNIST subset

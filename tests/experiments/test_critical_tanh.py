@@ -319,3 +319,39 @@ def test_the_probe_picks_each_cells_rates_and_the_train_stage_uses_them(tmp_path
   config = json.loads((again / "runs/q_star=0.5/weights=stiefel/seed=0/config.json").read_text())
   assert config["optimizer"]["stiefel"]["learning_rate"] == stiefel["rates"]["stiefel"]
   assert config["optimizer"]["euclidean"]["learning_rate"] == stiefel["rates"]["euclidean"]
+
+
+def _flagfile_values(path: str) -> dict[str, str]:
+  lines = [l.strip() for l in open(path) if l.startswith("--")]
+  return dict(l[2:].split("=", 1) for l in lines)
+
+
+@pytest.mark.parametrize("kind", ["euclidean", "manifold"])
+def test_full_depth_flagfiles_train_every_network_at_its_probed_rates(kind):
+  """Issue 28: the 12 full-depth networks read their rates from the committed probe
+  output, which holds each of their cells with the probe's argmax, inside its grid."""
+  flags = _flagfile_values(f"experiments/flags/critical_tanh_full_{kind}.flags")
+  assert flags["rates_from"] == "experiments/flags/critical_tanh_rates.json"
+  assert not any(k.startswith("config.optimizer.") for k in flags)
+  cells = [critical_tanh.rates_lib.cell(critical_tanh._q_label(float(q)), w)
+           for q in flags["q_stars"].split(",") for w in flags["weight_kinds"].split(",")]
+  rates = critical_tanh.rates_lib.read_rates(flags["rates_from"], cells)
+  for name in cells:
+    entry = rates["cells"][name]
+    assert sorted(entry["rates"]) == sorted(critical_tanh.rates_lib.groups(name.split("=")[-1]))
+    for group, probe in entry["probes"].items():
+      scores = {float(r): s for r, s in probe["scores"].items()}
+      assert entry["rates"][group] == probe["best"] == max(scores, key=scores.get), name
+      assert not probe["at_edge"], name
+      assert min(scores) < probe["best"] < max(scores), name
+
+
+def test_full_depth_flagfile_refuses_a_fixed_rate_on_top(tmp_path):
+  proc = _cli.run("critical_tanh", "--flagfile=experiments/flags/critical_tanh_full_euclidean.flags",
+                  f"--workdir={tmp_path}", "--config.optimizer.euclidean.learning_rate=3e-5",
+                  check=False, timeout=120)
+  assert proc.returncode == 2, proc.stderr
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      "error: config.optimizer.euclidean.learning_rate: each network trains at its probed "
+      "rates (--rates_from); leave it out"), proc.stderr
+  assert not (tmp_path / "runs").exists()
