@@ -114,7 +114,13 @@ def cholesky_qr2(x: jax.Array, *, tolerance: float = 0.5) -> jax.Array:
   manifold (its singular values are ``√(1 + sᵢ²)``, ``sᵢ`` those of the tangent ``ξ``).
   The first pass's orthogonality error ``‖Q₁ᵀQ₁ − I‖_F ≈ κ(X)² u`` is measured from
   the second pass's own Gram matrix; above ``tolerance`` (or a failed Cholesky) the
-  whole batch falls back to :func:`qr_orthonormalize`. Ill-conditioning from column
+  whole batch falls back to :func:`qr_orthonormalize`. At or below ``p ε`` (``ε`` the
+  compute dtype's machine epsilon; Householder's ``Q`` is typically ``0.2–0.5 p ε``
+  from orthonormal), and at or below ``tolerance``, the first pass is already orthonormal to rounding, and the second
+  pass, which would move ``Q`` by about half that error, is skipped for the batch: the
+  usual case for a retraction, where it saves one Cholesky factorisation and one
+  triangular solve (32 × 400 × 400 on a 2-core CPU: 96 ms against 130 ms for both
+  passes and 102 ms for LAPACK's Householder; 32 × 1024 × 256: 115, 177 and 209 ms). Ill-conditioning from column
   scales alone does not trip it, rightly: Cholesky's rounding is scale invariant. Wide ``x``: rows, as there.
   Computation in at least float32, products at full precision, the result in ``x``'s
   dtype.
@@ -129,9 +135,18 @@ def cholesky_qr2(x: jax.Array, *, tolerance: float = 0.5) -> jax.Array:
   def tall(x):
     q1 = _solve_upper(x, _cholesky(_gram(x)))
     gram = _gram(q1)
-    error = jnp.linalg.norm(gram - jnp.eye(gram.shape[-1], dtype=gram.dtype), axis=(-2, -1))
-    q = _solve_upper(q1, _cholesky(gram))
-    accurate = jnp.all(jnp.isfinite(error) & (error <= tolerance)) & jnp.all(jnp.isfinite(q))
-    return jax.lax.cond(accurate, lambda: q, lambda: _householder_tall(x))
+    p = gram.shape[-1]
+    error = jnp.linalg.norm(gram - jnp.eye(p, dtype=gram.dtype), axis=(-2, -1))
+
+    def second_pass():
+      q = _solve_upper(q1, _cholesky(gram))
+      accurate = jnp.all(jnp.isfinite(error) & (error <= tolerance)) & jnp.all(jnp.isfinite(q))
+      return jax.lax.cond(accurate, lambda: q, lambda: _householder_tall(x))
+
+    # Already orthonormal to rounding (Householder's own Q is about this far from it):
+    # the second pass would move Q by about error / 2, so it is skipped.
+    skip_at = jnp.minimum(p * jnp.finfo(gram.dtype).eps, tolerance)
+    rounded = jnp.all(jnp.isfinite(error) & (error <= skip_at))
+    return jax.lax.cond(rounded, lambda: q1, second_pass)
 
   return _on_tall(x, "cholesky_qr2", tall)

@@ -83,3 +83,27 @@ def test_bad_inputs_raise():
     linalg.cholesky_qr2(jnp.ones((4, 3), jnp.int32))
   with pytest.raises(ValueError, match="ndim >= 2"):
     linalg.cholesky_qr2(jnp.ones((4,)))
+
+
+def _one_pass(x):
+  """CholeskyQR's first pass alone, in float32: ``X R⁻¹`` with ``RᵀR = XᵀX``."""
+  with jax.default_matmul_precision("highest"):
+    lower = jnp.linalg.cholesky(jnp.swapaxes(x, -1, -2) @ x)
+    return jax.scipy.linalg.solve_triangular(lower, jnp.swapaxes(x, -1, -2), lower=True).mT
+
+
+@pytest.mark.parametrize("name", ["tall", "square", "batched"])
+def test_a_retraction_point_needs_one_pass(name):
+  """At ``W + ξ`` the first pass is orthonormal to rounding (within ``p ε``): that is the
+  result, the second pass skipped; at κ = 100 the first pass is not, and both run."""
+  rng = np.random.default_rng(4)
+  shape = SHAPES[name]
+  x = jnp.asarray(_retraction_point(rng, shape), jnp.float32)
+  q = linalg.cholesky_qr2(x)
+  np.testing.assert_allclose(q, _one_pass(x), rtol=0, atol=2e-7)
+  assert orthonormality_error(q) < shape[-1] * float(jnp.finfo(jnp.float32).eps)
+  np.testing.assert_allclose(q, linalg.qr_orthonormalize(x), atol=2e-6)
+  y = jnp.asarray(well_conditioned(rng, shape, cond=100.0), jnp.float32)
+  one, two = _one_pass(y), linalg.cholesky_qr2(y)
+  assert orthonormality_error(one) > shape[-1] * float(jnp.finfo(jnp.float32).eps)
+  assert orthonormality_error(one) > 10 * orthonormality_error(two)
