@@ -116,12 +116,14 @@ def cholesky_qr2(x: jax.Array, *, tolerance: float = 0.5) -> jax.Array:
   the second pass's own Gram matrix; above ``tolerance`` (or a failed Cholesky) the
   whole batch falls back to :func:`qr_orthonormalize`. At or below ``p ε`` (``ε`` the
   compute dtype's machine epsilon; Householder's ``Q`` is typically ``0.2–0.5 p ε``
-  from orthonormal), and at or below ``tolerance``, the first pass is already orthonormal to rounding, and the second
-  pass, which would move ``Q`` by about half that error, is skipped for the batch: the
-  usual case for a retraction, where it saves one Cholesky factorisation and one
-  triangular solve (32 × 400 × 400 on a 2-core CPU: 96 ms against 130 ms for both
-  passes and 102 ms for LAPACK's Householder; 32 × 1024 × 256: 115, 177 and 209 ms). Ill-conditioning from column
-  scales alone does not trip it, rightly: Cholesky's rounding is scale invariant. Wide ``x``: rows, as there.
+  from orthonormal), and at or below ``tolerance``, the first pass is already
+  orthonormal to rounding, and the second pass, which would move ``Q`` by about half
+  that error, is skipped for the batch: the usual case for a retraction, where it
+  saves one Cholesky factorisation and one triangular solve (32 × 400 × 400 on a
+  2-core CPU: 96 ms against 130 ms for both passes and 102 ms for LAPACK's
+  Householder; 32 × 1024 × 256: 115, 177 and 209 ms). Ill-conditioning from column
+  scales alone does not trip the guard, rightly: Cholesky's rounding is scale
+  invariant. Wide ``x``: rows, as there.
   Computation in at least float32, products at full precision, the result in ``x``'s
   dtype.
 
