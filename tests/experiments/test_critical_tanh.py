@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -322,7 +323,7 @@ def test_the_probe_picks_each_cells_rates_and_the_train_stage_uses_them(tmp_path
 
 
 def _flagfile_values(path: str) -> dict[str, str]:
-  lines = [l.strip() for l in open(path) if l.startswith("--")]
+  lines = [l.strip() for l in pathlib.Path(path).read_text().splitlines() if l.startswith("--")]
   return dict(l[2:].split("=", 1) for l in lines)
 
 

@@ -66,6 +66,15 @@ def _run_both(tx_a, tx_b, params, loss, steps=STEPS):
   return history, sa, sb
 
 
+def _scopes(tx, params):
+  """The transformation's named scopes in its lowered update (``orthojax.optim._scope``)."""
+  grads = jax.tree.map(jnp.ones_like, params)
+  text = jax.jit(lambda p, s: tx.update(grads, s, p)).lower(params, tx.init(params)).as_text(
+      debug_info=True)
+  return {name for name in ("fused_stiefel_adam", "fused_stiefel_momentum",
+                            "scale_by_riemannian_adam", "riemannian_momentum") if name in text}
+
+
 RETRACTIONS = {
     "qr": Stiefel("qr"),
     "cayley-iterative": Stiefel("cayley", cayley_iterations=2),
@@ -123,10 +132,13 @@ def test_radam_is_fused_only_where_it_applies():
   params, _ = _problem()
   fused = oj.optim.radam(0.1, views=VIEWS)
   assert isinstance(fused.init(params)[1], oj.optim.ScaleByRiemannianAdamState)
+  assert _scopes(fused, params) == {"fused_stiefel_adam"}
   # The chain (and its state) is unchanged for the other manifolds / metrics.
   for manifold in (Stiefel(metric="canonical"), Oblique()):
     tx = oj.optim.radam(0.1, manifold)
     assert isinstance(tx.init({"w": jnp.ones((4, 3))})[1], oj.optim.ScaleByRiemannianAdamState)
+    assert _scopes(tx, {"w": Stiefel().random(jax.random.PRNGKey(0), (4, 3))}) == {
+        "scale_by_riemannian_adam"}
 
 
 def test_radam_fused_large_run_stays_on_manifold():
@@ -233,7 +245,13 @@ def test_rsgd_momentum_equals_the_chain_in_other_dtypes(dtype, atol):
 
 def test_rsgd_is_fused_only_where_it_applies():
   params, _ = _problem()
-  assert len(oj.optim.rsgd(0.1, momentum=0.0, views=VIEWS).init(params)) == 3  # no trace
+  for nesterov in (False, True):
+    fused = oj.optim.rsgd(0.1, momentum=0.9, nesterov=nesterov, views=VIEWS)
+    assert _scopes(fused, params) == {"fused_stiefel_momentum"}
+  plain = oj.optim.rsgd(0.1, momentum=0.0, views=VIEWS)
+  assert len(plain.init(params)) == 3 and not _scopes(plain, params)  # no trace, no fusion
   for manifold in (Stiefel(metric="canonical"), Oblique()):
     tx = oj.optim.rsgd(0.1, manifold, momentum=0.9)
     assert isinstance(tx.init({"w": jnp.ones((4, 3))})[1], oj.optim.RiemannianMomentumState)
+    assert _scopes(tx, {"w": Stiefel().random(jax.random.PRNGKey(0), (4, 3))}) == {
+        "riemannian_momentum"}
