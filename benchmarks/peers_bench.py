@@ -13,8 +13,8 @@ parametrizations (Lezcano-Casado 2019). Like is compared with like:
 * **Riemannian Adam, Cayley**: ``Stiefel("cayley", metric="canonical")`` against
   ``geoopt.CanonicalStiefel`` (canonical-metric gradient, Cayley retraction).
 
-The QR cases time orthojax's QR retraction both ways: Householder (LAPACK, the default)
-and CholeskyQR2 (``Stiefel(qr_algorithm="cholesky_qr2")``, matrix products).
+The QR cases time orthojax's QR retraction both ways: CholeskyQR2 (matrix products, the
+default) and Householder (``Stiefel(qr_algorithm="householder")``, LAPACK).
 
 Cases: the optimizer step alone, a gradient given, on a stack of 32 matrices
 (400 × 400, and 1024 × 256) held as one batched parameter in both frameworks; and a
@@ -151,8 +151,10 @@ def _time_interleaved(fns: dict[str, Callable[[], float]], warmup: int, repeats:
 
 # ------------------------------------------------------------- orthojax ---
 
-def _orthojax_optimizer(kind: str, qr_algorithm: str = "householder"
+def _orthojax_optimizer(kind: str, qr_algorithm: str = "cholesky_qr2"
                         ) -> optax.GradientTransformation:
+  """orthojax's optimizer of ``kind``; ``qr_algorithm`` is the QR retraction's (the default
+  ``Stiefel``'s, CholeskyQR2, unless named)."""
   st = oj.manifolds.Stiefel
   qr = st("qr", qr_algorithm=qr_algorithm)
   if kind == "rsgd_qr":
@@ -216,9 +218,9 @@ def _optimizer_rows(worker: _TorchWorker, quick: bool, reps: dict[str, int]) -> 
     for kind in KINDS:
       steps = {"orthojax": _checked(kind, _orthojax_step(_orthojax_optimizer(kind), w, g),
                                     True)}
-      if kind.endswith("_qr"):   # the same retraction from matrix products
-        steps["orthojax cholesky_qr2"] = _checked(kind, _orthojax_step(
-            _orthojax_optimizer(kind, "cholesky_qr2"), w, g), True)
+      if kind.endswith("_qr"):   # the same retraction by LAPACK's Householder QR
+        steps["orthojax householder"] = _checked(kind, _orthojax_step(
+            _orthojax_optimizer(kind, "householder"), w, g), True)
       steps["geoopt"] = worker.step(f"{kind} {label}", {"case": "optimizer", "kind": kind,
                                                         "shape": list(shape), "lr": LR})
       t = _time_interleaved(steps, **reps)
@@ -239,8 +241,8 @@ def _training_rows(worker: _TorchWorker, quick: bool, reps: dict[str, int]) -> l
   for kind in ("radam_qr", "radam_cayley"):
     steps[f"orthojax {kind}"] = _checked(
         kind, _orthojax_train_step(_orthojax_optimizer(kind), x, y, hidden, head), True)
-  steps["orthojax radam_qr cholesky_qr2"] = _checked("radam_qr", _orthojax_train_step(
-      _orthojax_optimizer("radam_qr", "cholesky_qr2"), x, y, hidden, head), True)
+  steps["orthojax radam_qr householder"] = _checked("radam_qr", _orthojax_train_step(
+      _orthojax_optimizer("radam_qr", "householder"), x, y, hidden, head), True)
   for kind in ("adam", "radam_qr", "radam_cayley", "geotorch", "torch_orthogonal"):
     steps[f"torch {kind}"] = worker.step(f"train {kind}", {
         "case": "train", "kind": kind, "depth": depth, "width": width, "batch": batch,
@@ -249,7 +251,7 @@ def _training_rows(worker: _TorchWorker, quick: bool, reps: dict[str, int]) -> l
   label = f"{depth}x{width} tanh MLP, batch {batch}"
   rows = [row(SUITE, f"train step, {label}, {name}", 1e3 * s, "ms") for name, s in t.items()]
   theirs = ratio(t["torch radam_qr"], t["torch adam"])
-  for ours in ("radam_qr", "radam_qr cholesky_qr2"):
+  for ours in ("radam_qr", "radam_qr householder"):
     rows.append(row(SUITE, f"train step, {label}: orthojax {ours} / orthojax adam",
                     ratio(t[f"orthojax {ours}"], t["orthojax adam"]), "x",
                     Target("<=", round(theirs, 3), backends=("cpu",)),

@@ -4,8 +4,8 @@ Measured: wall time of one jitted step from a point ``W`` on the Stiefel
 manifold along a given tangent step ``V = P_W(-G)`` (``G`` a Gaussian
 direction of Frobenius size 0.05 per matrix):
 
-* ``Stiefel(r).retract(W, V)`` for ``r`` in QR (Householder, and CholeskyQR2:
-  ``qr_algorithm="cholesky_qr2"``), exact Cayley (Woodbury /
+* ``Stiefel(r).retract(W, V)`` for ``r`` in QR (CholeskyQR2, the default, and
+  Householder: ``qr_algorithm="householder"``), exact Cayley (Woodbury /
   dense solve), iterative Cayley (Li et al., 2 fixed-point iterations,
   matmuls only), polar (SVD) and Newton–Schulz (cubic, to tolerance);
 * one landing update ``W - eta Lambda(W)`` of the gradient ``G``
@@ -41,7 +41,7 @@ SUITE = "retraction"
 _St = oj.manifolds.Stiefel
 METHODS = {
     "qr": _St("qr"),
-    "qr (cholesky_qr2)": _St("qr", qr_algorithm="cholesky_qr2"),
+    "qr (householder)": _St("qr", qr_algorithm="householder"),
     "cayley-exact": _St("cayley"),
     "cayley-iterative": _St("cayley", cayley_iterations=2),
     "polar (svd)": _St("polar"),

@@ -13,10 +13,10 @@ Tangent space at W: {V : W^T V + V^T W = 0}.
   uses the Euclidean projection.)
 * Retractions of a tangent V at W:
 
-  - ``"qr"``: ``qf(W + V)``, the sign-fixed Q factor, by Householder QR (LAPACK) or,
-    with ``qr_algorithm="cholesky_qr2"``, from matrix products
-    (:func:`orthojax.linalg.cholesky_qr2`; the same Q to rounding, Householder where
-    its guard fails);
+  - ``"qr"``: ``qf(W + V)``, the sign-fixed Q factor, from matrix products by
+    CholeskyQR2 (:func:`orthojax.linalg.cholesky_qr2`; the same Q as Householder QR to
+    rounding, Householder itself where its guard fails) or, with
+    ``qr_algorithm="householder"``, by LAPACK's Householder QR;
   - ``"polar"``: ``polar(W + V) = U V^T`` of the SVD (the metric projection);
   - ``"newton_schulz"``: the same polar factor by cubic Newton–Schulz steps
     ``X <- X (3I - X^T X) / 2`` (matmuls only), run to a tolerance. No
@@ -204,21 +204,23 @@ class Stiefel(Manifold):
     ns_steps: most cubic Newton–Schulz steps of the "newton_schulz" retraction.
     ns_tol: its stopping tolerance on the predicted ``||X^T X - I||_F`` (None:
       ``sqrt(p)`` times the dtype's epsilon).
-    qr_algorithm: how the "qr" retraction factors: "householder" (default; LAPACK's
-      QR) or "cholesky_qr2" (:func:`orthojax.linalg.cholesky_qr2`: matrix products,
-      the same point to rounding).
+    qr_algorithm: how the "qr" retraction factors: "cholesky_qr2" (default;
+      :func:`orthojax.linalg.cholesky_qr2`: a Gram product, a Cholesky factor and a
+      triangular solve, Householder where its guard fails) or "householder" (LAPACK's
+      QR). The same point to rounding; CholeskyQR2 is the faster on a CPU (10–32 % per
+      Riemannian Adam step, 2 cores) and is matrix-product work on accelerators.
   """
 
   RETRACTIONS = ("qr", "cayley", "polar", "newton_schulz")
   """Accepted ``retraction`` names."""
   METRICS = ("euclidean", "canonical")
   """Accepted ``metric`` names."""
-  QR_ALGORITHMS = ("householder", "cholesky_qr2")
+  QR_ALGORITHMS = ("cholesky_qr2", "householder")
   """Accepted ``qr_algorithm`` names."""
 
   def __init__(self, retraction: str = "qr", metric: str = "euclidean",
                cayley_iterations: int | None = None, ns_steps: int = 12,
-               ns_tol: float | None = None, qr_algorithm: str = "householder"):
+               ns_tol: float | None = None, qr_algorithm: str = "cholesky_qr2"):
     if retraction not in self.RETRACTIONS:
       raise ValueError(f"Stiefel: unknown retraction={retraction!r}; choose one of {self.RETRACTIONS}")
     if metric not in self.METRICS:
@@ -247,9 +249,9 @@ class Stiefel(Manifold):
 
   def _retract(self, w, v):
     if self.retraction == "qr":
-      if self.qr_algorithm == "cholesky_qr2":
-        return linalg.cholesky_qr2(w + v)
-      return linalg.qr_orthonormalize(w + v)
+      if self.qr_algorithm == "householder":
+        return linalg.qr_orthonormalize(w + v)
+      return linalg.cholesky_qr2(w + v)
     if self.retraction == "polar":
       return linalg.polar(w + v)
     if self.retraction == "newton_schulz":
