@@ -16,7 +16,9 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from orthojax.linalg._guard import guarded_cond
 from orthojax.linalg._lapack import per_matrix_on_cpu
 from orthojax.linalg._matrix_view import check_float
 from orthojax.linalg._matrix_view import compute_dtype
@@ -97,6 +99,23 @@ _triangular_solve = per_matrix_on_cpu(
                                                      transpose_a=True))
 
 
+_PROBES = 8   # probe vectors of cholesky_qr2's one-pass test
+
+
+def _orthogonality_estimate(q: jax.Array) -> jax.Array:
+  """``‖QᵀQ − I‖_F`` per matrix of a tall ``q``, estimated from fixed ±1 probes ``Z``
+  (``p × k``) as ``‖(QᵀQ − I) Z‖_F / √k``; exact (``Z = I``) when ``p ≤ k``."""
+  p = q.shape[-1]
+  if p <= _PROBES:
+    z, k = np.eye(p), 1
+  else:   # fixed, so the same input always takes the same branch
+    z, k = np.random.default_rng(0).choice([-1.0, 1.0], size=(p, _PROBES)), _PROBES
+  z = jnp.asarray(z, q.dtype)
+  qz = jnp.einsum("...np,pk->...nk", q, z, precision=jax.lax.Precision.HIGHEST)
+  e = jnp.einsum("...np,...nk->...pk", q, qz, precision=jax.lax.Precision.HIGHEST) - z
+  return jnp.sqrt(jnp.sum(jnp.square(e), axis=(-2, -1)) / k)
+
+
 def cholesky_qr2(x: jax.Array, *, tolerance: float = 0.5) -> jax.Array:
   r"""The same ``Q`` as :func:`qr_orthonormalize`, from matrix products: CholeskyQR2.
 
@@ -112,18 +131,31 @@ def cholesky_qr2(x: jax.Array, *, tolerance: float = 0.5) -> jax.Array:
   The guard: it is accurate to ``O(u)`` while ``κ(X)² u`` is well below 1 (``u`` the
   unit roundoff), which holds for a retraction ``W + ξ`` at a point ``W`` of the
   manifold (its singular values are ``√(1 + sᵢ²)``, ``sᵢ`` those of the tangent ``ξ``).
-  The first pass's orthogonality error ``‖Q₁ᵀQ₁ − I‖_F ≈ κ(X)² u`` is measured from
-  the second pass's own Gram matrix; above ``tolerance`` (or a failed Cholesky) the
-  whole batch falls back to :func:`qr_orthonormalize`. At or below ``p ε`` (``ε`` the
-  compute dtype's machine epsilon; Householder's ``Q`` is typically ``0.2–0.5 p ε``
-  from orthonormal), and at or below ``tolerance``, the first pass is already
-  orthonormal to rounding, and the second pass, which would move ``Q`` by about half
-  that error, is skipped for the batch: the usual case for a retraction, where it
-  saves one Cholesky factorisation and one triangular solve (32 × 400 × 400 on a
-  2-core CPU: 96 ms against 130 ms for both passes and 102 ms for LAPACK's
-  Householder; 32 × 1024 × 256: 115, 177 and 209 ms). Ill-conditioning from column
-  scales alone does not trip the guard, rightly: Cholesky's rounding is scale
-  invariant. Wide ``x``: rows, as there.
+  The first pass's orthogonality error ``‖Q₁ᵀQ₁ − I‖_F ≈ κ(X)² u`` is read from the
+  second pass's own Gram matrix; above ``tolerance`` (or a failed Cholesky) the whole
+  batch falls back to :func:`qr_orthonormalize`.
+
+  The one-pass skip: at a retraction point the first pass is already orthonormal to
+  rounding (its error is 0.6–1.2× Householder's own, typically ``0.2–0.5 p ε``, ``ε``
+  the compute dtype's machine epsilon), and the second pass would move ``Q`` by about
+  half that error. So the error is first *estimated*, without the Gram matrix, from
+  ``k = 8`` fixed ±1 probe vectors ``Z`` (``p × k``):
+  ``‖(Q₁ᵀQ₁ − I) Z‖_F / √k``, whose square is an unbiased estimate of the squared
+  Frobenius norm (Gudmundsson, Kenney & Laub, "Small-sample statistical estimates for
+  matrix norms", SIAM J. Matrix Anal. Appl. 16(3), 1995), at ``4 n p k`` flops
+  against the Gram matrix's ``2 n p²``; for ``p ≤ k`` the probes are the identity and
+  the value is exact. At or below ``p ε`` (and ``tolerance``) for the whole batch,
+  ``Q₁`` is the result: one Gram product, one Cholesky factorisation and one
+  triangular solve, the usual case for a retraction (32 × 400 × 400 on a 2-core CPU:
+  96 ms against 130 ms for both passes and 102 ms for LAPACK's Householder; 32 × 1024
+  × 256: 115, 177 and 209 ms, measured with the Gram-matrix check the probes replace).
+  Measured on retraction points the estimate is 0.7–2× the true error (its own
+  rounding adds to it); a miss costs the second pass, never accuracy beyond a few
+  ``p ε``. Ill-conditioning from column scales alone trips neither test, rightly:
+  Cholesky's rounding is scale invariant. Wide ``x``: rows, as there. Both decisions
+  are ``lax.cond``\ s on the whole batch (:func:`orthojax.linalg.guarded_cond`: compile
+  reports count the one-pass step): under ``jax.vmap`` they become selects that
+  run every branch (both passes and Householder), so batch over leading axes instead.
   Computation in at least float32, products at full precision, the result in ``x``'s
   dtype.
 
@@ -136,19 +168,17 @@ def cholesky_qr2(x: jax.Array, *, tolerance: float = 0.5) -> jax.Array:
   """
   def tall(x):
     q1 = _solve_upper(x, _cholesky(_gram(x)))
-    gram = _gram(q1)
-    p = gram.shape[-1]
-    error = jnp.linalg.norm(gram - jnp.eye(p, dtype=gram.dtype), axis=(-2, -1))
+    p = q1.shape[-1]
 
     def second_pass():
+      gram = _gram(q1)
+      error = jnp.linalg.norm(gram - jnp.eye(p, dtype=gram.dtype), axis=(-2, -1))
       q = _solve_upper(q1, _cholesky(gram))
       accurate = jnp.all(jnp.isfinite(error) & (error <= tolerance)) & jnp.all(jnp.isfinite(q))
-      return jax.lax.cond(accurate, lambda: q, lambda: _householder_tall(x))
+      return guarded_cond(accurate, lambda: q, lambda: _householder_tall(x))
 
-    # Already orthonormal to rounding (Householder's own Q is about this far from it):
-    # the second pass would move Q by about error / 2, so it is skipped.
-    skip_at = jnp.minimum(p * jnp.finfo(gram.dtype).eps, tolerance)
-    rounded = jnp.all(jnp.isfinite(error) & (error <= skip_at))
-    return jax.lax.cond(rounded, lambda: q1, second_pass)
+    skip_at = min(p * float(jnp.finfo(q1.dtype).eps), tolerance)
+    rounded = jnp.all(_orthogonality_estimate(q1) <= skip_at)   # NaN: not rounded
+    return guarded_cond(rounded, lambda: q1, second_pass)
 
   return _on_tall(x, "cholesky_qr2", tall)

@@ -105,8 +105,8 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
                                   iterations=int(iterations))
       y = polish(y, w.dtype)  # bfloat16/float16 points: remove the carried defect
       if reorthonormalize_every is not None:
-        y = jax.lax.cond(count % reorthonormalize_every == 0, reorthonormalize_newton_schulz,
-                         lambda y: y, y)
+        y = linalg.guarded_cond(count % reorthonormalize_every == 0,
+                                reorthonormalize_newton_schulz, lambda y: y, y)
       return (lo.from_tall(y).astype(w.dtype) - w, (lo.from_tall(m_t).astype(m.dtype), v))
 
     with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes

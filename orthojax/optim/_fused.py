@@ -20,8 +20,9 @@ is exact:
 * **Projection and transport share ``W^T``.** With ``a = W^T G`` and
   ``b = W^T m`` (two products) the chain's
   ``m_t = b1 P(m) + (1 - b1) P(G)`` is, by linearity of ``P``,
-  ``X - W (b1 sym(b) + (1 - b1) sym(a))`` with ``X = b1 m + (1 - b1) G``:
-  one more product instead of two projections (four products). The
+  ``P(X) = X - W sym(b1 b + (1 - b1) a)`` with ``X = b1 m + (1 - b1) G`` (so
+  ``W^T X = b1 b + (1 - b1) a``): one more product instead of two projections
+  (four products). The
   ``"elementwise"`` second moment needs ``P(G)`` itself (its square), so
   there ``P(G) = G - W sym(a)`` and ``P(m) = m - W sym(b)`` are formed
   (four products, as before, but ``W^T`` of each is shared).
@@ -141,8 +142,8 @@ def retract_tall(manifold: Stiefel, x, xi, omega, stored_dtype, count,
     else:
       y = manifold._retract_for(x, xi, stored_dtype)  # pylint: disable=protected-access
     if reorthonormalize_every is not None:
-      y = jax.lax.cond(count % reorthonormalize_every == 0,
-                       manifold._reorthonormalize, lambda y: y, y)  # pylint: disable=protected-access
+      y = linalg.guarded_cond(count % reorthonormalize_every == 0,
+                              manifold._reorthonormalize, lambda y: y, y)  # pylint: disable=protected-access
   return y
 
 
@@ -215,16 +216,15 @@ def fused_stiefel_adam(
       c1, c2 = _debias(b1, count, dtype), _debias(b2, count, dtype)
       a = x.mT @ gt                                     # W^T G
       b = x.mT @ mt                                     # W^T m
-      s_g = linalg.sym(a)
       if elementwise or nesterov:
-        g_r = gt - x @ s_g                              # P(G)
+        g_r = gt - x @ linalg.sym(a)                    # P(G)
       if elementwise:
         m_new = b1 * (mt - x @ linalg.sym(b)) + (1.0 - b1) * g_r
         g_q = g_r.astype(g.dtype).astype(dtype) if g.dtype != dtype else g_r
         v_new = b2 * lo.to_tall(v.astype(dtype)) + (1.0 - b2) * jnp.square(g_q)
       else:
         xm = b1 * mt + (1.0 - b1) * gt
-        m_new = xm - x @ (b1 * linalg.sym(b) + (1.0 - b1) * s_g)
+        m_new = xm - x @ linalg.sym(b1 * b + (1.0 - b1) * a)   # W^T xm, symmetrised
         normal = jnp.maximum(_sq(gt) - _sq(a), 0.0) if n > p else 0.0
         s = _sq(linalg.skew(a)) + normal               # sum of P(G)^2
         if second_moment == "matrix":

@@ -281,8 +281,9 @@ def retract(manifold: Manifold, views: Any = None,
     def leaf(w, u, view):
       y = manifold.retract(w, u, view=view)
       if reorthonormalize_every is not None:
-        y = jax.lax.cond(count % reorthonormalize_every == 0,
-                         lambda y: manifold.reorthonormalize(y, view=view), lambda y: y, y)
+        y = linalg.guarded_cond(count % reorthonormalize_every == 0,
+                                lambda y: manifold.reorthonormalize(y, view=view),
+                                lambda y: y, y)
       return (y - w).astype(u.dtype)
 
     return map_views(leaf, params, updates, views=views), RetractState(count=count)

@@ -29,6 +29,8 @@ import math
 import re
 from typing import Callable, Iterable
 
+from orthojax.linalg import GUARD_SCOPE
+
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 _DTYPE_BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
@@ -121,15 +123,26 @@ class Module:
   unknown_loops: int             # loops whose trip count could not be read (counted once)
 
   @classmethod
-  def from_text(cls, hlo_text: str) -> "Module":
+  def from_text(cls, hlo_text: str, branches: str = "costliest") -> "Module":
     """Parse, and count how often each computation runs per step: a loop body its
-    trip count times; of a ``conditional``'s branches only the costliest (most
-    matmul FLOPs, then most result bytes) — each device runs one branch, and the
-    per-chip numbers are the most loaded device's, as XLA's ``HloCostAnalysis``
-    takes each property's maximum over the branches."""
+    trip count times; of a ``conditional``'s branches only one.
+
+    ``branches="costliest"`` (most matmul FLOPs, then most result bytes): each device
+    runs one branch, and the per-chip numbers are the most loaded device's, as XLA's
+    ``HloCostAnalysis`` takes each property's maximum over the branches.
+    ``branches="cheapest"``: the step when no guard fires — a conditional in the
+    :data:`orthojax.linalg.GUARD_SCOPE` scope (:func:`orthojax.linalg.guarded_cond`:
+    :func:`orthojax.linalg.cholesky_qr2`'s second pass and Householder fall-back, a
+    periodic ``reorthonormalize_every``) counts its cheapest branch; every other
+    conditional (the owner-sharded update's ``lax.switch``) still its costliest."""
+    if branches not in ("costliest", "cheapest"):
+      raise ValueError(f"branches must be 'costliest' or 'cheapest', got {branches!r}")
+    def pick(ins: Instruction) -> Callable[..., str]:
+      guarded = GUARD_SCOPE in _scope(ins.rest, 99).split("/")
+      return min if branches == "cheapest" and guarded else max
     computations, entry = parse(hlo_text)
     cost = functools.lru_cache(maxsize=None)(
-        lambda name: _cost(name, computations, cost))
+        lambda name: _cost(name, computations, cost, pick))
     runs: dict[str, int] = collections.defaultdict(int)
     unknown = 0
     stack = [(entry, 1)]
@@ -144,7 +157,7 @@ class Module:
           unknown += found is None
         for kind, callees in _callees(ins, computations):
           if kind == "branch_computations":
-            callees = [max(callees, key=cost)]
+            callees = [pick(ins)(callees, key=cost)]
           for callee in callees:
             stack.append((callee, count * (trips if kind == "body" else 1)))
     return cls(computations, entry, dict(runs), unknown)
@@ -301,9 +314,12 @@ def _callees(ins: Instruction, computations: dict[str, list[Instruction]]
 
 
 def _cost(name: str, computations: dict[str, list[Instruction]],
-          cost: Callable[[str], tuple[float, int]]) -> tuple[float, int]:
+          cost: Callable[[str], tuple[float, int]],
+          pick: Callable[[Instruction], Callable[..., str]] = lambda ins: max
+          ) -> tuple[float, int]:
   """``(matmul FLOPs, result bytes)`` of one run of computation ``name`` and what it
-  calls (loops by their trip count, conditionals by their costliest branch)."""
+  calls (loops by their trip count, a conditional by the branch ``pick(conditional)``
+  chooses: ``max``, the costliest, or ``min``)."""
   body = computations.get(name, ())
   types = {ins.name: ins.type for ins in body}
   flops, size = 0.0, 0
@@ -315,7 +331,7 @@ def _cost(name: str, computations: dict[str, list[Instruction]],
     for kind, callees in _callees(ins, computations):
       if not callees:
         continue
-      parts = [max(callees, key=cost)] if kind == "branch_computations" else callees
+      parts = [pick(ins)(callees, key=cost)] if kind == "branch_computations" else callees
       for callee in parts:
         f, b = cost(callee)
         times = trips if kind == "body" else 1
@@ -449,14 +465,23 @@ def cudnn_conv_flops(module: Module) -> float:
   return total
 
 
-def loop_corrected_flops(xla_flops: float, module: Module) -> float:
-  """XLA's FLOP count with every loop body's matmul FLOPs counted ``trip count`` times."""
-  return xla_flops + module.matmul_flops(weighted=True) - module.matmul_flops(weighted=False)
+def loop_corrected_flops(xla_flops: float, module: Module, counted: Module | None = None
+                         ) -> float:
+  """XLA's FLOP count with every loop body's matmul FLOPs counted ``trip count`` times.
+
+  ``counted``: the same program read with ``branches="cheapest"``, to count its
+  conditionals' cheapest branches in place of the costliest that XLA counts (``module``
+  must then be the costliest reading, XLA's)."""
+  counted = counted or module
+  return xla_flops + counted.matmul_flops(weighted=True) - module.matmul_flops(weighted=False)
 
 
-def loop_corrected_bytes(xla_bytes: float, module: Module) -> float:
+def loop_corrected_bytes(xla_bytes: float, module: Module, counted: Module | None = None
+                         ) -> float:
   """XLA's HBM byte count with every loop body's traffic counted ``trip count`` times
-  (``cost_analysis()`` counts a scanned stack's body once, like its FLOPs)."""
-  weighted = sum(module.traffic_by_scope(1).values())
+  (``cost_analysis()`` counts a scanned stack's body once, like its FLOPs); ``counted``
+  as in :func:`loop_corrected_flops`."""
+  counted = counted or module
+  weighted = sum(counted.traffic_by_scope(1).values())
   once = sum(module.traffic_by_scope(1, weighted=False).values())
   return xla_bytes + weighted - once

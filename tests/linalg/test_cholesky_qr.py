@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from orthojax import linalg
+from orthojax.linalg import _qr
 from tests.linalg._helpers import orthonormality_error
 from tests.linalg._helpers import well_conditioned
 
@@ -107,3 +108,22 @@ def test_a_retraction_point_needs_one_pass(name):
   one, two = _one_pass(y), linalg.cholesky_qr2(y)
   assert orthonormality_error(one) > shape[-1] * float(jnp.finfo(jnp.float32).eps)
   assert orthonormality_error(one) > 10 * orthonormality_error(two)
+
+
+@pytest.mark.parametrize("shape", [(64, 8), (30, 5), (96, 24), (3, 400, 100), (40, 40)])
+@pytest.mark.parametrize("cond", [None, 100.0])
+def test_the_one_pass_test_estimates_the_orthogonality_error(shape, cond):
+  """The probes' estimate of ``‖QᵀQ − I‖_F`` against the exact value: equal for ``p ≤ 8``
+  (the probes are the identity), within a small factor otherwise, both at rounding level
+  (a retraction point's first pass) and far above it (κ = 100)."""
+  rng = np.random.default_rng(5)
+  x = (_retraction_point(rng, shape) if cond is None else well_conditioned(rng, shape, cond))
+  q = _one_pass(jnp.asarray(x, jnp.float32))
+  exact = np.linalg.norm(np.swapaxes(np.asarray(q, np.float64), -1, -2) @ np.asarray(q, np.float64)
+                         - np.eye(shape[-1]), axis=(-2, -1))
+  estimate = np.asarray(_qr._orthogonality_estimate(q), np.float64)
+  if shape[-1] <= _qr._PROBES:
+    # the float32 Gram matrix of the estimate rounds too: to about 1e-7
+    np.testing.assert_allclose(estimate, exact, rtol=0.25 if cond else 1.0)
+  else:
+    assert np.all(estimate > 0.5 * exact) and np.all(estimate < 3 * exact)

@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from orthojax import linalg
 from orthojax.train import hlo
 
 
@@ -162,3 +163,22 @@ def test_collectives_split_by_the_scope_that_runs_them():
   assert set(module.collectives()) == {"all-reduce", "all-gather"}
   assert module.collectives(scope="optimizer") == {"all-gather": {"count": 1, "bytes": 8 * 16 * 4}}
   assert module.collectives(scope="optim") == {}
+
+
+def test_a_guarded_conditional_counts_its_cheapest_branch_when_asked():
+  """``guarded_cond`` (a guard's rare fall-back) counts its cheapest branch with
+  ``branches="cheapest"`` and its costliest, as XLA does, by default; an unguarded
+  ``lax.switch`` (each device's own branch) counts its costliest either way."""
+  a = jnp.ones((64, 64))
+  small = lambda x: x[:8, :8] @ x[:8, :8]
+  big = lambda x: (x @ x)[:8, :8]
+  guarded = lambda x: linalg.guarded_cond(jnp.sum(x) > 0, small, big, x)
+  fn = lambda i, x: jax.lax.switch(i, [small, guarded], x) + guarded(x)
+  module, _ = _module(fn, jnp.int32(0), a)
+  cheapest = hlo.Module.from_text(jax.jit(fn).lower(jnp.int32(0), a).compile().as_text(),
+                                  branches="cheapest")
+  assert module.matmul_flops() == 2 * (2 * 64 ** 3)
+  # the switch's costliest branch is the guarded one, itself at its cheapest: two 8³ products
+  assert cheapest.matmul_flops() == 2 * (2 * 8 ** 3)
+  with pytest.raises(ValueError, match="branches must be"):
+    hlo.Module.from_text("", branches="taken")
