@@ -58,10 +58,12 @@ class StepReport:
 
   Attributes:
     flops: FLOPs per step per chip, loop bodies counted per iteration, cuDNN convolutions
-      (custom calls on GPU) counted from their shapes.
+      (custom calls on GPU) counted from their shapes, guarded conditionals at their
+      cheapest branch (``guarded_flops``).
     xla_flops: ``cost_analysis()["flops"]`` as XLA counts it (loop bodies once).
     bytes_accessed: HBM bytes read and written per step per chip: XLA's count with
-      loop bodies counted per iteration (``orthojax.train.hlo.loop_corrected_bytes``).
+      loop bodies counted per iteration (``orthojax.train.hlo.loop_corrected_bytes``),
+      guarded conditionals at their cheapest branch.
     xla_bytes_accessed: ``cost_analysis()["bytes accessed"]`` (loop bodies once).
     memory: bytes per chip: ``arguments``, ``outputs``, ``aliased``,
       ``temporaries``, ``code`` and their ``total``.
@@ -72,11 +74,13 @@ class StepReport:
       ``optimizer/<transformation>``, ``(compiler-inserted)``.
     optimizer_collectives: the collectives among those that the optimizer's ops
       run (its scope), e.g. the owner-sharded update's one all-gather.
-    guarded_flops, guarded_bytes_accessed: ``flops`` and ``bytes_accessed`` with every
-      ``lax.cond`` at its costliest branch, as XLA counts: a guard's fall-back
-      included (CholeskyQR2's second pass and Householder QR, a periodic
-      re-orthonormalisation). ``flops`` and ``bytes_accessed`` count the cheapest
-      branch, the step when no guard fires (``orthojax.train.hlo.Module.from_text``).
+    guarded_flops: ``flops`` with every guarded ``lax.cond``
+      (``orthojax.linalg.guarded_cond``) at its costliest branch, as XLA counts: a
+      guard's fall-back included (CholeskyQR2's second pass and Householder QR, a
+      periodic re-orthonormalisation). ``flops`` and ``bytes_accessed`` count the
+      cheapest branch, the step when no guard fires
+      (``orthojax.train.hlo.Module.from_text``).
+    guarded_bytes_accessed: ``bytes_accessed`` counted the same way.
   """
 
   flops: float

@@ -253,3 +253,19 @@ def test_cli_writes_the_report(tmp_path):
   report = json.loads((workdir / aot.REPORT).read_text())["run"]
   assert report["num_chips"] == 4 and report["fits"]
   assert os.listdir(workdir) == [aot.REPORT]   # compiled, nothing trained
+
+
+def test_the_qr_retractions_guards_are_counted_beside_the_step():
+  """Radam with the default QR (CholeskyQR2) on a 2-layer Stiefel stack: the headline
+  counts the one-pass step; ``guarded_flops`` (XLA's rule, every cond at its costliest
+  branch) adds at least the second pass's Gram product, ``2 n p²`` per matrix, and the
+  table prints it on its own line."""
+  depth = 2
+  report = aot.compile_for(_deep_mlp(
+      model={"depth": depth, "weights": "stiefel"},
+      optimizer={"stiefel": {"name": "radam", "learning_rate": 0.1,
+                             "manifold": {"name": "Stiefel", "retraction": "qr"}}}), "v5e:2x2")
+  t = report.train
+  assert t.guarded_flops - t.flops >= 2 * WIDTH ** 3 * depth / report.num_chips
+  assert t.guarded_bytes_accessed > t.bytes_accessed
+  assert "with every guard's fall-back" in report.table()
