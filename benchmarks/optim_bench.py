@@ -14,8 +14,10 @@ FLOP ratio — the step costs what its arithmetic costs, no more. (The earlier
 targets, radam <= 1.5x and landing <= 1.3x Adam, asked for less time than the
 algorithms' own FLOPs need at this shape; the profile in docs/performance.md
 shows it.) FLOPs are XLA's count of the compiled step on a 4-layer unrolled
-copy (its cost analysis counts a scan body once) plus LAPACK's QR, which XLA
-does not count (:func:`orthojax.train.hlo.lapack_qr_flops`). radam runs with its default element-wise second moment
+copy (its cost analysis counts a scan body once), each guarded conditional at its
+cheapest branch (CholeskyQR2's one pass, without its fall-back), plus the LAPACK calls
+XLA does not count (:func:`orthojax.train.hlo.lapack_flops`: QR, Cholesky, triangular
+solves). radam runs with its default element-wise second moment
 and, in the ", matrix v" rows, with the per-matrix one
 (``second_moment="matrix"``), which needs no re-projection of the direction.
 Exact Cayley is reported to show what the iterative form buys.
@@ -122,10 +124,12 @@ def _bind_step(tx, params, x, y, unroll=1):
 
 
 def _flops(fn, *args) -> float:
-  """FLOPs of the compiled step (load-independent, unlike its time): XLA's count
-  plus the LAPACK QR calls it leaves out."""
+  """FLOPs of the compiled step (load-independent, unlike its time): XLA's count with
+  guarded conditionals at their cheapest branch, plus the LAPACK calls it leaves out."""
   compiled = jax.jit(fn).lower(*args).compile()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  module = hlo.Module.from_text(compiled.as_text())
-  return float(cost.get("flops", float("nan"))) + hlo.lapack_qr_flops(module)
+  text = compiled.as_text()
+  module, unguarded = hlo.Module.from_text(text), hlo.Module.from_text(text, "cheapest")
+  xla = float(cost.get("flops", float("nan")))
+  return hlo.loop_corrected_flops(xla, module, unguarded) + hlo.lapack_flops(unguarded)

@@ -436,6 +436,27 @@ def lapack_qr_flops(module: Module) -> float:
   return total
 
 
+def lapack_flops(module: Module) -> float:
+  """:func:`lapack_qr_flops` plus the Cholesky (``potrf``, n³/3 for n × n) and
+  triangular-solve (``trsm``, m n² for an m × n right-hand side and an n × n triangle)
+  custom calls — CholeskyQR2's (Golub & Van Loan, §4.2.7 and §3.1). Each counted as
+  often as its computation runs in ``module`` (read it with ``branches="cheapest"`` to
+  leave out a guard's fall-back)."""
+  total = lapack_qr_flops(module)
+  for ins, count, types in module.instructions():
+    target = re.search(r'custom_call_target="([^"]+)"', ins.rest) if ins.op == "custom-call" else None
+    if not target:
+      continue
+    if "potrf" in target.group(1):
+      *batch, n, _ = _arrays(ins.type)[0][1]
+      total += count * math.prod(batch) * n ** 3 / 3
+    elif "trsm" in target.group(1):   # the triangle is the first operand
+      *batch, m, n = _arrays(ins.type)[0][1]
+      triangle = (_arrays(types.get(_operands(ins)[0], "")) or [(None, (n,))])[0][1][-1]
+      total += count * math.prod(batch) * m * n * triangle
+  return total
+
+
 _CUDNN_CONV = re.compile(r"cudnn\$conv(?:BiasActivation)?(Forward|BackwardInput|BackwardFilter)")
 
 

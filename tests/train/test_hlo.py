@@ -182,3 +182,22 @@ def test_a_guarded_conditional_counts_its_cheapest_branch_when_asked():
   assert cheapest.matmul_flops() == 2 * (2 * 8 ** 3)
   with pytest.raises(ValueError, match="branches must be"):
     hlo.Module.from_text("", branches="taken")
+
+
+@pytest.mark.parametrize("shape", [(40, 20), (3, 40, 20)], ids=["tall", "batched"])
+def test_lapack_flops_count_cholesky_qr2s_factor_and_solve(shape):
+  """CholeskyQR2 on CPU: with its guards at their cheapest branch, the one pass's
+  Cholesky factor (p³/3) and triangular solve (n p²) — no Householder QR; at the
+  costliest, the second pass's and Householder's too."""
+  x = jnp.asarray(np.random.default_rng(0).standard_normal(shape), jnp.float32)
+  text = jax.jit(linalg.cholesky_qr2).lower(x).compile().as_text()
+  *batch, n, p = shape
+  matrices = np.prod(batch or [1])
+  one_pass = matrices * (p ** 3 / 3 + n * p * p)
+  cheapest = hlo.Module.from_text(text, branches="cheapest")
+  assert hlo.lapack_qr_flops(cheapest) == 0
+  assert hlo.lapack_flops(cheapest) == pytest.approx(one_pass)
+  householder = lambda rows, cols: 2 * rows * cols ** 2 - 2 * cols ** 3 / 3
+  costliest = hlo.Module.from_text(text)
+  assert hlo.lapack_flops(costliest) == pytest.approx(
+      2 * one_pass + matrices * 2 * householder(n, p))
