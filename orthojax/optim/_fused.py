@@ -142,8 +142,8 @@ def retract_tall(manifold: Stiefel, x, xi, omega, stored_dtype, count,
     else:
       y = manifold._retract_for(x, xi, stored_dtype)  # pylint: disable=protected-access
     if reorthonormalize_every is not None:
-      y = linalg.guarded_cond(count % reorthonormalize_every == 0,
-                              manifold._reorthonormalize, lambda y: y, y)  # pylint: disable=protected-access
+      clean_up = manifold._reorthonormalize  # pylint: disable=protected-access
+      y = linalg.guarded_cond(count % reorthonormalize_every == 0, clean_up, lambda y: y, y)
   return y
 
 
