@@ -129,7 +129,7 @@ def _flops(fn, *args) -> float:
   compiled = jax.jit(fn).lower(*args).compile()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  text = compiled.as_text()
-  module, unguarded = hlo.Module.from_text(text), hlo.Module.from_text(text, "cheapest")
+  module = hlo.Module.from_text(compiled.as_text())
+  unguarded = module.with_branches("cheapest")
   xla = float(cost.get("flops", float("nan")))
   return hlo.loop_corrected_flops(xla, module, unguarded) + hlo.lapack_flops(unguarded)

@@ -151,12 +151,12 @@ def _time_interleaved(fns: dict[str, Callable[[], float]], warmup: int, repeats:
 
 # ------------------------------------------------------------- orthojax ---
 
-def _orthojax_optimizer(kind: str, qr_algorithm: str = "cholesky_qr2"
+def _orthojax_optimizer(kind: str, qr_algorithm: str | None = None
                         ) -> optax.GradientTransformation:
-  """orthojax's optimizer of ``kind``; ``qr_algorithm`` is the QR retraction's (the default
-  ``Stiefel``'s, CholeskyQR2, unless named)."""
+  """orthojax's optimizer of ``kind``; ``qr_algorithm`` is the QR retraction's (None:
+  ``Stiefel``'s default)."""
   st = oj.manifolds.Stiefel
-  qr = st("qr", qr_algorithm=qr_algorithm)
+  qr = st("qr") if qr_algorithm is None else st("qr", qr_algorithm=qr_algorithm)
   if kind == "rsgd_qr":
     return oj.optim.rsgd(LR, qr, momentum=0.9, views=_STACK)
   manifold = qr if kind == "radam_qr" else st("cayley", metric="canonical")

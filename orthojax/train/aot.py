@@ -99,8 +99,8 @@ class StepReport:
   def of(cls, compiled: Any) -> "StepReport":
     cost = compiled.cost_analysis() or _hlo_cost_analysis(compiled)
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    text = compiled.as_text()
-    module, unguarded = hlo.Module.from_text(text), hlo.Module.from_text(text, "cheapest")
+    module = hlo.Module.from_text(compiled.as_text())
+    unguarded = module.with_branches("cheapest")
     stats = compiled.memory_analysis()
     memory = {"arguments": stats.argument_size_in_bytes, "outputs": stats.output_size_in_bytes,
               "aliased": stats.alias_size_in_bytes, "temporaries": stats.temp_size_in_bytes,

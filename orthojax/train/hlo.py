@@ -135,12 +135,22 @@ class Module:
     :func:`orthojax.linalg.cholesky_qr2`'s second pass and Householder fall-back, a
     periodic ``reorthonormalize_every``) counts its cheapest branch; every other
     conditional (the owner-sharded update's ``lax.switch``) still its costliest."""
+    computations, entry = parse(hlo_text)
+    return cls._counted(computations, entry, branches)
+
+  def with_branches(self, branches: str) -> "Module":
+    """The same parsed module, its run counts read with ``branches`` (as in
+    :meth:`from_text`)."""
+    return self._counted(self.computations, self.entry, branches)
+
+  @classmethod
+  def _counted(cls, computations: dict[str, list[Instruction]], entry: str,
+               branches: str) -> "Module":
     if branches not in ("costliest", "cheapest"):
       raise ValueError(f"branches must be 'costliest' or 'cheapest', got {branches!r}")
     def pick(ins: Instruction) -> Callable[..., str]:
       guarded = GUARD_SCOPE in _scope(ins.rest, 99).split("/")
       return min if branches == "cheapest" and guarded else max
-    computations, entry = parse(hlo_text)
     cost = functools.lru_cache(maxsize=None)(
         lambda name: _cost(name, computations, cost, pick))
     runs: dict[str, int] = collections.defaultdict(int)
@@ -421,6 +431,12 @@ def _matmul_flops(ins: Instruction, types: dict[str, str]) -> float:
   return 2.0 * out_elements * contracted
 
 
+def _custom_call_target(ins: Instruction) -> str | None:
+  """A ``custom-call``'s target name (``lapack_sgeqrf_ffi``, …), else None."""
+  found = re.search(r'custom_call_target="([^"]+)"', ins.rest) if ins.op == "custom-call" else None
+  return found.group(1) if found else None
+
+
 def lapack_qr_flops(module: Module) -> float:
   """FLOPs of the LAPACK QR custom calls XLA:CPU makes (``jnp.linalg.qr``), which its
   cost analysis does not count: Householder ``geqrf`` of an m × n matrix (m ≥ n) costs
@@ -428,8 +444,8 @@ def lapack_qr_flops(module: Module) -> float:
   Computations*, 4th ed., §5.2.2)."""
   total = 0.0
   for ins, count, _ in module.instructions():
-    target = re.search(r'custom_call_target="([^"]+)"', ins.rest) if ins.op == "custom-call" else None
-    if target and re.search(r"geqrf|orgqr|ungqr", target.group(1)):
+    target = _custom_call_target(ins)
+    if target and re.search(r"geqrf|orgqr|ungqr", target):
       *batch, m, n = _arrays(ins.type)[0][1]
       m, n = max(m, n), min(m, n)
       total += count * math.prod(batch) * (2 * m * n * n - 2 * n ** 3 / 3)
@@ -444,15 +460,15 @@ def lapack_flops(module: Module) -> float:
   leave out a guard's fall-back)."""
   total = lapack_qr_flops(module)
   for ins, count, types in module.instructions():
-    target = re.search(r'custom_call_target="([^"]+)"', ins.rest) if ins.op == "custom-call" else None
+    target = _custom_call_target(ins)
     if not target:
       continue
-    if "potrf" in target.group(1):
+    if "potrf" in target:
       *batch, n, _ = _arrays(ins.type)[0][1]
       total += count * math.prod(batch) * n ** 3 / 3
-    elif "trsm" in target.group(1):   # the triangle is the first operand
+    elif "trsm" in target:   # the triangle, the first operand: n × n (right side) or m × m
       *batch, m, n = _arrays(ins.type)[0][1]
-      triangle = (_arrays(types.get(_operands(ins)[0], "")) or [(None, (n,))])[0][1][-1]
+      triangle = _arrays(types[_operands(ins)[0]])[0][1][-1]
       total += count * math.prod(batch) * m * n * triangle
   return total
 
@@ -468,8 +484,8 @@ def cudnn_conv_flops(module: Module) -> float:
   first operand (input gradient) or the second (filter gradient)."""
   total = 0.0
   for ins, count, types in module.instructions():
-    target = re.search(r'custom_call_target="([^"]+)"', ins.rest) if ins.op == "custom-call" else None
-    kind = _CUDNN_CONV.search(target.group(1)) if target else None
+    target = _custom_call_target(ins)
+    kind = _CUDNN_CONV.search(target) if target else None
     labels = re.search(r"dim_labels=\w+_(\w+)->", ins.rest)
     if not kind or not labels or "o" not in labels.group(1):
       continue

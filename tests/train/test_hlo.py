@@ -180,6 +180,7 @@ def test_a_guarded_conditional_counts_its_cheapest_branch_when_asked():
   assert module.matmul_flops() == 2 * (2 * 64 ** 3)
   # the switch's costliest branch is the guarded one, itself at its cheapest: two 8³ products
   assert cheapest.matmul_flops() == 2 * (2 * 8 ** 3)
+  assert module.with_branches("cheapest").runs == cheapest.runs   # no second parse needed
   with pytest.raises(ValueError, match="branches must be"):
     hlo.Module.from_text("", branches="taken")
 
