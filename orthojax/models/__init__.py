@@ -1,5 +1,6 @@
 """Models built from :mod:`orthojax.nn`: ResNet, VGG-6 and the one-hidden-layer MLP;
-the deep critical MLP (scanned), the sequence RNN and deep linear networks."""
+the deep critical MLP (scanned), the sequence RNN, deep linear networks and a decoder-only
+transformer language model (scanned blocks)."""
 
 from orthojax.models._deep_linear import DeepLinear
 from orthojax.models._deep_mlp import DeepMLP
@@ -10,6 +11,7 @@ from orthojax.models._resnet import ResNet34
 from orthojax.models._resnet import ResNet50
 from orthojax.models._resnet import ResNet101
 from orthojax.models._rnn import SequenceRNN
+from orthojax.models._transformer import TransformerLM
 from orthojax.models._variants import Unit
 from orthojax.models._vgg import VGG6
 
@@ -23,6 +25,7 @@ __all__ = [
     "ResNet50",
     "ResNet101",
     "SequenceRNN",
+    "TransformerLM",
     "Unit",
     "VGG6",
 ]

@@ -13,7 +13,9 @@ Logical axes:
   ``fan_in`` / ``fan_out``: the contracted / produced feature axes of a
   kernel (its matrix view); ``spatial``: conv window axes; ``layers``: the
   leading axis of a scanned layer stack; ``angles``: GmP's per-unit angle
-  axis; ``vocab``: classifier outputs.
+  axis; ``vocab``: classifier outputs and token ids; ``embed``: a transformer's
+  model width in its embedding, head and norms; ``qkv``: the query/key/value index of
+  a stacked attention projection.
 """
 
 from __future__ import annotations
@@ -25,10 +27,15 @@ FAN_OUT = "fan_out"
 SPATIAL = "spatial"
 LAYERS = "layers"
 ANGLES = "angles"
+VOCAB = "vocab"
+EMBED = "embed"
+QKV = "qkv"
 
 DENSE_KERNEL = (FAN_IN, FAN_OUT)
 BIAS = (FAN_OUT,)
 GMP_ANGLES = (FAN_OUT, ANGLES)
+EMBEDDING = (VOCAB, EMBED)
+HEAD = (EMBED, VOCAB)
 
 
 def conv_kernel(spatial_dims: int = 2) -> tuple[str, ...]:

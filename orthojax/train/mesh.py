@@ -47,6 +47,9 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("spatial", None),
     ("angles", None),
     ("layers", None),
+    ("qkv", None),
+    ("embed", "fsdp"),
+    ("vocab", None),
 )
 
 

@@ -49,7 +49,8 @@ def compute_dtype(config: Config) -> Any:
 
 def input_kind(name: str) -> str | None:
   """How the model ``name`` takes data, from its ``INPUT`` attribute: ``"flat"``,
-  ``"sequence"`` or ``"image"`` (None: a ``Sequential`` model, which sizes itself)."""
+  ``"sequence"``, ``"tokens"`` or ``"image"`` (None: a ``Sequential`` model, which sizes
+  itself)."""
   _, fn = registry.resolve_name("model", {"name": name}, "config.model")
   return None if fn is nnx.Sequential else getattr(fn, "INPUT", "image")
 
@@ -79,6 +80,16 @@ def build(config: Config, info: Any, rngs: nnx.Rngs) -> nnx.Module:
                         f"features); the dataset gives {info.input_shape}: e.g. "
                         f"config.data={{'name': 'mnist', 'view': 'row'}}")
     supplied["input_size"] = info.input_shape[-1]
+  elif kind == "tokens":
+    if len(info.input_shape) != 1:
+      raise ConfigError(f"config.model.name={section['name']!r} needs token windows "
+                        f"(context,); the dataset gives {info.input_shape}: e.g. "
+                        f"config.data={{'name': 'shakespeare', 'context': 256}}")
+    vocab = section.get("vocab_size")
+    if vocab is not None and vocab < info.num_classes:
+      raise ConfigError(f"config.model.vocab_size={vocab}: the data has {info.num_classes} "
+                        f"tokens; leave it out (the data's) or give at least that many")
+    supplied["vocab_size"] = info.num_classes
   elif kind == "image":
     supplied["in_features"] = info.input_shape[-1]    # image channels
   model = registry.build("model", section, "config.model",
