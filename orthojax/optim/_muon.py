@@ -57,10 +57,34 @@ def _dims(leaves, names, views):
   return out
 
 
+def ns_schedule(ns_coeffs: Any, ns_steps: int) -> Any:
+  """``ns_coeffs`` as ``optax.contrib.muon`` takes it: an orthojax preset name that optax
+  does not know (:data:`orthojax.linalg.NS_PRESETS`, e.g. ``"polar_express"``) becomes its
+  first ``ns_steps`` per-step triples (the last one repeated where the preset is shorter);
+  anything else is passed through unchanged.
+
+  Raises:
+    ValueError: an unknown preset name, listing both libraries' names.
+  """
+  optax_presets = getattr(optax.contrib._muon, "_NS_COEFFS_PRESET_DICT", {})  # pylint: disable=protected-access
+  if not isinstance(ns_coeffs, str) or ns_coeffs in optax_presets:
+    return ns_coeffs
+  if ns_coeffs not in linalg.NS_PRESETS:
+    raise ValueError(f"muon: unknown ns_coeffs={ns_coeffs!r}; choose one of "
+                     f"{sorted(set(optax_presets) | set(linalg.NS_PRESETS))} or give "
+                     f"(a, b, c) triples")
+  coeffs = linalg.NS_PRESETS[ns_coeffs].coeffs
+  return tuple(coeffs[min(i, len(coeffs) - 1)] for i in range(int(ns_steps)))
+
+
 @owner_sharded
 def muon(learning_rate: optax.ScalarOrSchedule, *, views: Any = None,
          **kwargs: Any) -> optax.GradientTransformation:
   """``optax.contrib.muon`` with dimension numbers derived from the matrix view.
+
+  ``ns_coeffs`` also takes orthojax's Newton–Schulz presets by name
+  (``ns_schedule`` below): ``muon(lr, ns_coeffs="polar_express")`` runs the Polar Express
+  schedule (Amsel, Persson, Musco & Gower 2025, Algorithm 1) for ``ns_steps`` steps.
 
   Args:
     learning_rate: as ``optax.contrib.muon``.
@@ -69,6 +93,8 @@ def muon(learning_rate: optax.ScalarOrSchedule, *, views: Any = None,
   """
   if "muon_weight_dimension_numbers" in kwargs:
     raise ValueError("muon: pass views=..., not muon_weight_dimension_numbers (derived from them)")
+  if "ns_coeffs" in kwargs:
+    kwargs["ns_coeffs"] = ns_schedule(kwargs["ns_coeffs"], kwargs.get("ns_steps", 5))
   return optax.contrib.muon(
       learning_rate,
       muon_weight_dimension_numbers=lambda params: muon_dimension_numbers(params, views),

@@ -129,6 +129,24 @@ def test_muon_routes_biases_to_adam_and_stacks_by_view():
     oj.optim.muon(1.0, muon_weight_dimension_numbers={})
 
 
+def test_muon_takes_the_polar_express_preset_by_name():
+  """One step with beta = 0 and no Nesterov orthogonalizes the gradient itself: the update
+  is -lr * scale * NS_pe(G), NS_pe orthojax's Polar Express (an independent code path)."""
+  rng = np.random.default_rng(3)
+  g = {"w": jnp.asarray(rng.standard_normal((12, 20)), jnp.float32)}
+  params = {"w": jnp.zeros((12, 20), jnp.float32)}
+  tx = oj.optim.muon(1.0, beta=0.0, nesterov=False, ns_coeffs="polar_express", ns_steps=6)
+  u, _ = jax.jit(tx.update)(g, tx.init(params), params)
+  expected = -np.sqrt(20 / 12) * oj.linalg.newton_schulz(g["w"], steps=6,
+                                                        coeffs="polar_express")
+  np.testing.assert_allclose(u["w"], expected, rtol=2e-5, atol=2e-6)
+  # six steps from the schedule converge far beyond the quintic's [0.7, 1.2]
+  s = np.linalg.svd(np.asarray(u["w"], np.float64) / np.sqrt(20 / 12), compute_uv=False)
+  assert np.abs(s - 1).max() < 0.05, s
+  with pytest.raises(ValueError, match="ns_coeffs='polar'.*polar_express"):
+    oj.optim.muon(1.0, ns_coeffs="polar")
+
+
 def test_muon_3d_leaf_without_view_raises():
   params = {"stack": jnp.zeros((2, 7, 5), jnp.float32)}
   tx = oj.optim.muon(0.1)
