@@ -18,7 +18,8 @@
   and GmP angles (:func:`decay_mask`).
 * ``config.grad_clip_norm``: ``optax.clip_by_global_norm`` in front.
 
-The trainer replaces each optimizer's ``learning_rate`` by the schedule
+The trainer replaces each optimizer's ``learning_rate`` (and Muon's
+``adam_learning_rate``) by the schedule
 ``config.schedule`` built from it (a multiplier of it, a function of the step):
 ``constant``, ``cosine`` (to 0 at the end), ``warmup_cosine`` (linear warmup
 then cosine), ``step`` (×``decay_factor`` at each fraction in
@@ -63,10 +64,16 @@ def decay_mask(params: Any) -> Any:
       lambda path, x: x.ndim >= 2 and "'theta'" not in jax.tree_util.keystr(path), params)
 
 
+RATE_KEYWORDS = ("learning_rate", "adam_learning_rate")
+"""The keywords that take a rate the schedule shapes: an optimizer's ``learning_rate``, and
+Muon's ``adam_learning_rate`` (its AdamW group's; optax uses ``learning_rate`` when it is
+left out)."""
+
+
 def _scheduled(section: dict[str, Any], config: Config, total_steps: int) -> dict[str, Any]:
-  if "learning_rate" not in section:
-    return section
-  return {**section, "learning_rate": schedule(config, section["learning_rate"], total_steps)}
+  return {k: (schedule(config, v, total_steps)
+              if k in RATE_KEYWORDS and isinstance(v, (int, float)) and not isinstance(v, bool)
+              else v) for k, v in section.items()}
 
 
 def _optimizer(group: str, config: Config, total_steps: int,
@@ -154,9 +161,10 @@ def _check_section(config: Config, group: str, groups: list[str]) -> None:
   """The group's optimizer suits its parameters (and the schedule)."""
   key = f"config.optimizer.{group}"
   section = config.optimizer[group]
-  rate = section.get("learning_rate")
-  if isinstance(rate, (int, float)) and not rate > 0:
-    raise ConfigError(f"{key}.learning_rate={rate}: must be > 0")
+  for rate_key in RATE_KEYWORDS:
+    rate = section.get(rate_key)
+    if isinstance(rate, (int, float)) and not rate > 0:
+      raise ConfigError(f"{key}.{rate_key}={rate}: must be > 0")
   name = section.get("name")
   if name is None:
     return   # the registry names the missing key when it builds the section

@@ -170,3 +170,26 @@ def test_a_manifold_group_without_a_manifold_section_gets_its_groups_manifold():
     tx = optimizers.build(c, total_steps=10, labels=labels, views=views)
     updates.append(tx.update(grads, tx.init(params), params)[0])
   jax.tree.map(np.testing.assert_array_equal, *updates)
+
+
+def test_muons_adamw_rate_follows_the_schedule_like_its_muon_rate():
+  """With a cosine schedule both of Muon's rates decay: the AdamW group's update (a bias,
+  Adam with b1 = 0: -lr * sign(g)) at step k is adam_learning_rate * cos-schedule(k)."""
+  config = Config(optimizer={"euclidean": {"name": "muon", "learning_rate": 0.02,
+                                           "adam_learning_rate": 3e-3, "beta": 0.0,
+                                           "adam_b1": 0.0, "nesterov": False}},
+                  schedule="cosine", num_steps=10)
+  tx = optimizers.build(config, total_steps=10)
+  params = {"w": jax.numpy.zeros((4, 3)), "b": jax.numpy.zeros((3,))}
+  grads = {"w": jax.numpy.ones((4, 3)), "b": jax.numpy.ones((3,))}
+  state = tx.init(params)
+  rates = []
+  for _ in range(4):
+    updates, state = tx.update(grads, state, params)
+    rates.append(-float(updates["b"][0]))
+  expected = [3e-3 * optax.cosine_decay_schedule(1.0, 10)(k) for k in range(4)]
+  np.testing.assert_allclose(rates, expected, rtol=1e-4)
+  with pytest.raises(ConfigError, match=r"adam_learning_rate=-0.1: must be > 0"):
+    optimizers.build(Config(optimizer={"euclidean": {"name": "muon", "learning_rate": 0.02,
+                                                     "adam_learning_rate": -0.1}}),
+                     total_steps=10)
