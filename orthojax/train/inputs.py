@@ -121,17 +121,31 @@ def _check_keys(batch: Any, argument: str) -> None:
 
 
 def info_from_batch(batch: Batch, num_train: int) -> DatasetInfo:
-  """A :class:`DatasetInfo` read off one batch: integer ``y`` means classification."""
+  """A :class:`DatasetInfo` read off one batch: integer ``y`` means classification.
+
+  ``x`` float32 features with ``y`` ``(batch,)`` int32 labels or float32
+  targets; or int32 token ids ``x`` with int32 labels ``(batch,)`` or
+  ``(batch, ...)`` (a language model's next-token labels: per-position
+  classification, ``target_shape = y.shape[1:]``).
+
+  Raises:
+    ValueError: anything else, in one line.
+  """
   _check_keys(batch, "train_data")
   x, y = np.asarray(batch["x"]), np.asarray(batch["y"])
-  if x.dtype != np.float32 or y.ndim != 1:
-    raise ValueError(f"train_data: batches are {{'x': float32 (batch, ...), 'y': (batch,)}}; "
+  tokens = x.dtype == np.int32
+  if not (x.dtype == np.float32 or tokens) or y.ndim < 1 or (y.ndim > 1 and not tokens):
+    raise ValueError(f"train_data: batches are {{'x': float32 (batch, ...), 'y': (batch,)}} "
+                     f"or, for token ids, {{'x': int32 (batch, ...), 'y': int32 (batch, ...)}}; "
                      f"got x {x.dtype} {x.shape}, y {y.dtype} {y.shape}")
   classification = np.issubdtype(y.dtype, np.integer)
   if not classification and y.dtype != np.float32:
     raise ValueError(f"train_data: y must be int32 labels or float32 targets, got {y.dtype}")
   if classification and y.dtype != np.int32:
     raise ValueError(f"train_data: integer labels must be int32, got {y.dtype}")
+  if tokens and not classification and y.ndim > 1:
+    raise ValueError(f"train_data: per-position targets must be int32 labels, got {y.dtype}")
   return DatasetInfo(name="user", task="classification" if classification else "regression",
                      input_shape=tuple(x.shape[1:]), num_classes=None, num_train=num_train,
-                     num_eval=0, eval_split="eval")
+                     num_eval=0, eval_split="eval", input_dtype=str(x.dtype),
+                     target_shape=tuple(y.shape[1:]))

@@ -309,7 +309,7 @@ def _fit_record(config: Config, info: Any, model_fn: ModelFn,
   return {**config.to_dict(), "model": fingerprint.describe_model(abstract),
           "optimizer": {fingerprint.FIT: fingerprint.describe_transform(tx)},
           "data": {"name": fingerprint.FIT, "task": info.task,
-                   "x": f"float32{list(info.input_shape)}"},
+                   "x": f"{info.input_dtype}{list(info.input_shape)}"},
           "penalty": None}
 
 

