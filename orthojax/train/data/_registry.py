@@ -24,7 +24,7 @@ _MNIST = {"view": "row", "source": "tfds", "permutation_seed": 0, "download": Tr
 _UCI = {"csv_path": "", "split_index": 0, "test_fraction": 0.2, "validation_fraction": 0.2,
         "standardize_y": True, "download": True}
 _TEXT = {"context": 256, "level": "char", "validation_fraction": 0.05, "test_fraction": 0.05,
-         "eval_windows": 0}
+         "eval_windows": 0, "eval_split": "validation"}
 
 # name -> (module in this package, options with their defaults). The one table
 # of options: validating them needs no import of a (TensorFlow-using) module.

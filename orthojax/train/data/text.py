@@ -54,6 +54,10 @@ Options (defaults in the registry's table):
 * ``eval_windows`` (0): evaluate on every window of the split (0), or on that
   many evenly spaced ones (deterministic: windows ``⌊i · W / k⌋``), so that
   evaluation on a 2-core CPU stays cheap.
+* ``eval_split`` (``"validation"``): the split ``"eval"`` means — the one the
+  trainer's periodic evaluation reads. ``"test"`` measures a run on the split
+  its learning rates were not chosen on (E8's train stage; its probe scores
+  on ``"validation"``).
 
 Batches: ``x`` int32 ``(batch, context)`` token ids, ``y`` int32
 ``(batch, context)`` the next tokens (a window ``w``: ``x = w[:-1]``,
@@ -102,7 +106,7 @@ from orthojax.train.data._info import DatasetNotFoundError
 from orthojax.train.data._info import resolve_split
 
 SPLITS = ("test", "train", "validation")
-EVAL_SPLIT = "validation"
+EVAL_SPLITS = ("validation", "test")
 LEVELS = ("char", "byte")
 BYTE_VOCAB = 256
 NAMES = ("shakespeare", "tiny_shakespeare", "tfds_text")
@@ -450,6 +454,9 @@ def check_options(name: str, opts: dict) -> None:
   if opts["eval_windows"] < 0:
     raise ValueError(f"{name}: eval_windows={opts['eval_windows']}: must be >= 0 "
                      f"(0 = every window)")
+  if opts["eval_split"] not in EVAL_SPLITS:
+    raise ValueError(f"{name}: eval_split={opts['eval_split']!r}: choose one of "
+                     f"{', '.join(EVAL_SPLITS)}")
 
 
 def load_corpus(name: str, opts: dict, data_dir: str | None) -> Corpus:
@@ -517,8 +524,8 @@ def _sizes(corpus: Corpus) -> dict[str, int]:
   return {s: b - a for s, (a, b) in corpus.bounds.items()}
 
 
-def _split(split: str) -> str:
-  return resolve_split(split, SPLITS, eval_split=EVAL_SPLIT)
+def _split(split: str, opts: dict) -> str:
+  return resolve_split(split, SPLITS, eval_split=opts["eval_split"])
 
 
 def train_starts(corpus: Corpus, context: int) -> np.ndarray:
@@ -572,12 +579,12 @@ def info_from_sizes(name: str, opts: dict, sizes: dict[str, int],
   has the sizes but not the corpus).
   """
   context = opts["context"]
-  windows = (sizes[EVAL_SPLIT] - 1) // context
+  windows = (sizes[opts["eval_split"]] - 1) // context
   if 0 < opts["eval_windows"] < windows:
     windows = opts["eval_windows"]
   return DatasetInfo(name=name, task="classification", input_shape=(context,),
                      num_classes=vocab_size, num_train=sizes["train"] - context,
-                     num_eval=windows, eval_split=EVAL_SPLIT, input_dtype="int32",
+                     num_eval=windows, eval_split=opts["eval_split"], input_dtype="int32",
                      target_shape=(context,))
 
 
@@ -594,7 +601,7 @@ def train_batches(name: str, opts: dict, *, batch_size: int | None, seed: int,
 def eval_batches(name: str, opts: dict, *, split: str, batch_size: int | None,
                  data_dir: str | None, process_index: int, process_count: int
                  ) -> Iterator[dict[str, np.ndarray]]:
-  split = _split(split)
+  split = _split(split, opts)
   corpus = load_corpus(name, opts, data_dir)
   starts = eval_starts(corpus, split, opts["context"], opts["eval_windows"])
   return _arrays.eval_batches(_windows(starts), batch_size=batch_size,

@@ -229,6 +229,16 @@ def test_eval_windows_keeps_evenly_spaced_windows(data_dir):
                            eval_windows=5).num_eval == 5
 
 
+def test_eval_split_test_makes_eval_read_the_test_split(data_dir):
+  test_windows = [b["x"] for b in _eval(data_dir, split="test")]
+  as_eval = [b["x"] for b in _eval(data_dir, eval_split="test")]        # split="eval"
+  np.testing.assert_array_equal(np.concatenate(as_eval), np.concatenate(test_windows))
+  info = data.dataset_info("shakespeare", data_dir=data_dir, context=CONTEXT, eval_split="test")
+  assert info.eval_split == "test"
+  with pytest.raises(ValueError, match="eval_split='train': choose one of validation, test"):
+    data.dataset_info("shakespeare", data_dir=data_dir, context=CONTEXT, eval_split="train")
+
+
 def test_byte_level_has_256_tokens_and_round_trips(data_dir):
   corpus = _corpus(data_dir, level="byte")
   whole = open(os.path.join(text.corpus_dir(data_dir), "corpus.txt"), encoding="utf-8").read()
