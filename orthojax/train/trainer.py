@@ -199,7 +199,17 @@ def train(config: Config, *, hooks: tuple[Hook, ...] = (),
   print_fn = _console(print_fn)
   with WorkdirLock(config.workdir, print_fn):   # before anything is read or written there
     source = inputs.RegisteredInput(config.data["name"], config.options, config.data_dir)
-    return Loop(compile_program(program), source, hooks, print_fn).run()
+    return Loop(compile_program(program), source, hooks, print_fn, _zoo_record(config, info)).run()
+
+
+def _zoo_record(config: Config, info: Any) -> dict[str, Any]:
+  """What a zoo run records for its resume check: its config, and the data's checksum
+  where the dataset has one (a text corpus: its sha256), so that a run does not resume on
+  another corpus under the same options."""
+  record = config.to_dict()
+  if info.checksum:
+    record["data_checksum"] = info.checksum
+  return record
 
 
 def fit(model_fn: ModelFn, optimizer: OptimizerArg, train_data: inputs.TrainSource,

@@ -45,6 +45,9 @@ class DatasetInfo:
       label or target per example, ``(T,)`` for a language model's
       next-token labels (a classification per position; losses and
       accuracies are averaged over the positions of an example).
+    checksum: what identifies the examples where the options alone do not (a text
+      corpus: the sha256 of its text, which fixes the vocabulary too), or None. A run
+      records it and refuses to resume on data with another.
   """
 
   name: str
@@ -58,6 +61,7 @@ class DatasetInfo:
   target_std: float | None = None
   input_dtype: str = "float32"
   target_shape: tuple[int, ...] = ()
+  checksum: str | None = None
 
   def __post_init__(self):
     if self.task not in TASKS:

