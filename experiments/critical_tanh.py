@@ -36,7 +36,10 @@ examples:
 At initialisation it also measures ``λ_max`` of the MSE Gauss–Newton matrix
 (``J_θᵀJ_θ/B``, the Fisher of a unit-variance Gaussian output).
 
-Stages (``--stages``, default ``init,train``; they run in this order):
+Stages (``--stages``, default ``init,train``; they run in this order; the machinery —
+stages, rates file, per-network record cache, included workdirs — is the harness's:
+:mod:`experiments._harness.stages`, :mod:`~experiments._harness.rates`,
+:mod:`~experiments._harness.records`):
 
 * ``probe`` — each (q*, kind) network's own learning rates, the best validation top-1
   of short trials (:mod:`experiments.critical_tanh_rates`), into
@@ -87,14 +90,11 @@ which follow from ``q*``) is an error. Everything else in the config is as given
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
-import time
 from typing import Any
 
 from absl import flags
-from etils import epath
 from flax import nnx
 import jax.numpy as jnp
 import numpy as np
@@ -132,18 +132,10 @@ _TRAIN_SEEDS = flags.DEFINE_integer("train_seeds", 0,
                                     "The train stage trains the first this many seeds of each "
                                     "(q*, kind); 0: all --num_seeds. The init stage measures "
                                     "all of them.", lower_bound=0)
-_INCLUDE = flags.DEFINE_list("include_workdirs", [],
-                             "Workdirs of finished E5 runs of other kinds of network (each "
-                             "trained by its own flagfile, e.g. at its own learning rates) whose "
-                             "networks join this report's rows, notes and plots.")
+_harness.define_include_flag()   # --include_workdirs
+_harness.define_stages_flag()    # --stages
 STAGES = ("probe", "init", "train")
-_STAGES = _harness.define_list("stages", STAGES[1:],
-                               "Run in this order: probe: each (q*, kind)'s learning rates "
-                               "(<workdir>/probe/rates.json, used by train); init: λ_max(F) "
-                               "and σ_max(J) of every network at initialisation (no training; "
-                               "one file per network under <workdir>/init); train: train every "
-                               "network with the diagnostics hook.",
-                               choices=STAGES)
+DEFAULT_STAGES = ("init", "train")
 
 
 # -------------------------------------------------------------- Diagnostics --
@@ -208,61 +200,19 @@ def plan(base, q_stars, kinds, num_seeds, epochs=()):
   return runs
 
 
-def init_record_path(workdir: str, run: _harness.Run) -> str:
-  """``<workdir>/init/<tags>.json``: the ``init`` stage's record of one network."""
-  return os.path.join(workdir, "init", run.name + ".json")
-
-
 def measure_at_init(run: _harness.Run, workdir: str, info, examples) -> dict[str, Any]:
-  """The diagnostics of ``run``'s network at initialisation, measured once.
+  """The diagnostics of ``run``'s network at initialisation, measured once: the ``init``
+  stage's record, ``<workdir>/init/<tags>.json`` (:func:`experiments._harness.cached_record`).
 
-  The record (tags, ``epoch`` 0, :func:`diagnostics` with the MSE Gauss–Newton
-  eigenvalue, the seconds it took) is written atomically to :func:`init_record_path`; a
-  later call reads it instead of measuring again. The network is the one the trainer
-  starts from (the model zoo's, from the run's seed).
+  The record holds the tags, ``epoch`` 0, :func:`diagnostics` with the MSE Gauss–Newton
+  eigenvalue and the seconds it took. The network is the one the trainer starts from (the
+  model zoo's, from the run's seed).
   """
-  path = init_record_path(workdir, run)
-  if epath.Path(path).exists():
-    return json.loads(epath.Path(path).read_text())
-  start = time.perf_counter()
-  model = model_zoo.build(run.config, info, nnx.Rngs(run.config.seed))
-  record = {"tags": dict(run.tags), "epoch": 0, **diagnostics(model, examples, mse=True)}
-  record["seconds"] = time.perf_counter() - start
-  if _harness.is_writer():
-    _harness.write_json(path, record)
-  _harness.count_sitting(workdir)
-  return record
+  def measure():
+    model = model_zoo.build(run.config, info, nnx.Rngs(run.config.seed))
+    return {"epoch": 0, **diagnostics(model, examples, mse=True)}
 
-
-def included_records(workdirs, own) -> tuple[list[dict[str, Any]], list[str]]:
-  """The finished training records of ``workdirs`` (``--include_workdirs``) and each one's
-  training note (the first note of its report: data, network, optimizers and rates).
-
-  ``own``: the names (tags) of this run's networks; a network in two workdirs is a
-  ConfigError, as is a workdir without a finished report (``results.json``).
-  """
-  records, notes, seen = [], [], set(own)
-  for workdir in workdirs:
-    try:
-      results = _harness.read_results(workdir)
-    except FileNotFoundError:
-      raise ConfigError(f"--include_workdirs={','.join(workdirs)}: {workdir} has no finished "
-                        f"E5 report (results.json); run its flagfile to the end first") from None
-    if results.get("experiment") != "critical_tanh":
-      raise ConfigError(f"--include_workdirs={','.join(workdirs)}: {workdir} holds "
-                        f"{results.get('experiment')!r}, not an E5 (critical_tanh) run")
-    found = sorted(epath.Path(workdir).glob("runs/*/*/*/result.json"))
-    for path in found:
-      record = json.loads(path.read_text())
-      name = _harness.Run(tuple(record["tags"].items()), None).name
-      if name in seen:
-        raise ConfigError(f"--include_workdirs={','.join(workdirs)}: network {name} is in "
-                          f"{workdir} and in another workdir of this report; include it once")
-      seen.add(name)
-      records.append(record)
-    if found:
-      notes.append(f"included from {workdir}: {results['notes'][0]}")
-  return records, notes
+  return _harness.cached_record(workdir, "init", run, measure)
 
 
 class CriticalTanh(_harness.Experiment):
@@ -278,7 +228,9 @@ class CriticalTanh(_harness.Experiment):
     if self.train_seeds > seeds:
       raise ConfigError(f"--train_seeds={_TRAIN_SEEDS.value}: must be between 1 and "
                         f"--num_seeds ({seeds}), or 0 for all")
-    rates_lib.check_flags(_STAGES.value)
+    self.stages = _harness.chosen_stages(flags.FLAGS.stages, STAGES, DEFAULT_STAGES)
+    _harness.check_rates_flags(flags.FLAGS.rates_from, self.stages, rates_lib.GROUPS,
+                               unit="network")
 
   def plan(self, base, info):
     self.info, self.steps_per_epoch = info, max(info.num_train // base.batch_size, 1)
@@ -287,23 +239,22 @@ class CriticalTanh(_harness.Experiment):
                         f"{info.num_train} examples")
     self.later = sorted({e for e in _EPOCHS.value if e > 0})   # 0: the init stage's record
     runs = plan(base, _Q_STARS.value, _KINDS.value, _harness.num_seeds(5), self.later)
-    self.included, self.included_notes = included_records(_INCLUDE.value,
-                                                          [r.name for r in runs])
+    self.included, self.included_notes = _harness.included_records(
+        flags.FLAGS.include_workdirs, runs, experiment=self.name, label=self.label,
+        unit="network")
     self.cells = {rates_lib.cell(_q_label(q), kind): (q, kind)
                   for q in _Q_STARS.value for kind in _KINDS.value}
-    self.rates, self.rates_source = None, None
-    if rates_lib.RATES_FROM.value and "train" in _STAGES.value:
-      self.rates_source = rates_lib.rates_path(rates_lib.RATES_FROM.value)
-      self.rates = rates_lib.read_rates(rates_lib.RATES_FROM.value, list(self.cells))
+    self.rates, self.rates_source = _harness.given_rates(
+        flags.FLAGS.rates_from, self.stages, list(self.cells), hint=rates_lib.HINT)
     return runs
 
   def describe(self, base, runs, info):
-    seeds, train_seeds, stages = _harness.num_seeds(5), self.train_seeds, _STAGES.value
+    seeds, train_seeds, stages = _harness.num_seeds(5), self.train_seeds, self.stages
     return (f"E5 critical tanh: {len(runs)} networks (q* "
             f"{', '.join(map(_q_label, _Q_STARS.value))} × {', '.join(_KINDS.value)} × {seeds} "
             f"seeds), depth {base.model['depth']}, width {base.model['width']}, "
             f"{base.data['name']}, {self.steps_per_epoch} steps/epoch; stages: "
-            f"{', '.join(s for s in STAGES if s in stages)}"
+            f"{', '.join(stages)}"
             + (f" (training {train_seeds} seed{'s' * (train_seeds > 1)} of each)"
                if "train" in stages and train_seeds < seeds else "")
             + (f"; each network at its rates from {self.rates_source}" if self.rates else ""))
@@ -311,11 +262,11 @@ class CriticalTanh(_harness.Experiment):
   def train(self, base, runs, info):
     """The probe's rates (:attr:`rates`), the init stage's records (:attr:`init_records`),
     then the train stage's."""
-    if "probe" in _STAGES.value:
-      self.rates = self.probe(base)
+    if "probe" in self.stages:
+      self.rates, self.rates_source = self.probe(base)
     self.examples = diagnostic_batch(base, _DIAG_BATCH.value)
     self.init_records = []
-    if "init" in _STAGES.value:
+    if "init" in self.stages:
       for i, run in enumerate(runs):
         record = measure_at_init(run, base.workdir, info, self.examples)
         self.init_records.append(record)
@@ -323,40 +274,31 @@ class CriticalTanh(_harness.Experiment):
               f"{record['fisher_lambda_max']:.4g} (MSE {record['fisher_mse_lambda_max']:.4g}), "
               f"σ_max(J) {record['jacobian_sigma_max']:.4g}, {record['seconds']:.1f} s",
               flush=True)
-    if "train" not in _STAGES.value:
+    if "train" not in self.stages:
       return []
     hook = diagnostics_hook(self.examples, self.steps_per_epoch)
     return [self.execute(dataclasses.replace(run, hooks=(hook,), config=self.at_rates(run)),
                          base.workdir)
             for run in runs if dict(run.tags)["seed"] < self.train_seeds]
 
-  def probe(self, base) -> dict[str, Any]:
-    """Probe every cell (:mod:`experiments.critical_tanh_rates`), writing
-    ``<workdir>/probe/rates.json`` after each (other cells already there, probed by the
-    same rule, are kept); returns its contents."""
-    rates = {"epochs": rates_lib.PROBE_EPOCHS.value, "widen": rates_lib.WIDEN.value,
-             "cells": {}}
-    self.rates_source = os.path.join(base.workdir, rates_lib.RATES_FILE)
-    if epath.Path(self.rates_source).exists():
-      earlier = json.loads(epath.Path(self.rates_source).read_text())
-      if (earlier.get("epochs"), earlier.get("widen")) == (rates["epochs"], rates["widen"]):
-        rates["cells"] = earlier.get("cells", {})
-    for i, (name, (q, kind)) in enumerate(self.cells.items()):
-      entry = rates_lib.probe_cell(base, q, _q_label(q), kind, base.workdir, run_config)
-      rates["cells"][name] = entry
-      print(f"  probe {i + 1}/{len(self.cells)} {name}: "
-            + ", ".join(f"{g} lr {r:g}" for g, r in entry["rates"].items()), flush=True)
-      if _harness.is_writer():
-        _harness.write_json(self.rates_source, rates)
-    return rates
+  def probe(self, base) -> tuple[dict[str, Any], str]:
+    """The probe stage: every cell's rates (:mod:`experiments.critical_tanh_rates`) into
+    ``<workdir>/probe/rates.json`` (:func:`experiments._harness.probe_cells`); returns
+    its contents and its path."""
+    def probe_cell(name):
+      q, kind = self.cells[name]
+      return rates_lib.probe_cell(base, q, _q_label(q), kind, base.workdir, run_config)
+
+    return _harness.probe_cells(base.workdir, list(self.cells), probe_cell,
+                                rule=rates_lib.rule())
 
   def at_rates(self, run):
     """``run``'s config at its cell's probed rates (as configured without rates)."""
     if not self.rates:
       return run.config
     tags = dict(run.tags)
-    rates = self.rates["cells"][rates_lib.cell(tags["q_star"], tags["weights"])]["rates"]
-    return run.config.replace(optimizer={g: {"learning_rate": r} for g, r in rates.items()})
+    cell = rates_lib.cell(tags["q_star"], tags["weights"])
+    return _harness.with_rates(run.config, _harness.cell_rates(self.rates, cell))
 
   def extra(self, run, result):
     log = metrics_lib.read_jsonl(run.file(run.config.workdir, "metrics.jsonl"))
@@ -373,7 +315,7 @@ class CriticalTanh(_harness.Experiment):
                         f"{acc if acc is not None else math.nan:.3f}"}
 
   def summarize(self, base, runs, records, info):
-    stages, kinds, included = _STAGES.value, _KINDS.value, self.included
+    stages, kinds, included = self.stages, _KINDS.value, self.included
     records = [*records, *included]
     epoch0 = lambda recs: [{"tags": r["tags"], **r["diagnostics"][0]} for r in recs]
     init_records = (self.init_records + epoch0(included) if "init" in stages

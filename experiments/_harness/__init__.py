@@ -22,6 +22,11 @@ An experiment module (``experiments/uci.py``, …) carries only its science, as 
    :mod:`.plots`).
 
 ``python -m experiments.report <workdirs…>`` merges several reports.
+
+An experiment in stages (E5, E8) also has: ``--stages`` (:mod:`.stages`); a probe stage
+whose per-cell learning rates the train stage reads from ``rates.json`` or
+``--rates_from`` (:mod:`.rates`, :mod:`.probe`); records measured once and cached per
+run, and ``--include_workdirs`` to merge other workdirs' runs (:mod:`.records`).
 """
 
 from experiments._harness.checks import check_fixed
@@ -51,6 +56,25 @@ from experiments._harness.plots import plot_rows
 from experiments._harness.plots import pyplot
 from experiments._harness.plots import save_figure
 from experiments._harness.plots import suptitle
+from experiments._harness.probe import Probe
+from experiments._harness.probe import best_rate
+from experiments._harness.probe import probe_groups
+from experiments._harness.rates import RATES_FILE
+from experiments._harness.rates import cell_name
+from experiments._harness.rates import cell_rates
+from experiments._harness.rates import check_rates_flags
+from experiments._harness.rates import define_rates_flags
+from experiments._harness.rates import given_rates
+from experiments._harness.rates import probe_cells
+from experiments._harness.rates import probe_trial
+from experiments._harness.rates import rates_notes
+from experiments._harness.rates import rates_path
+from experiments._harness.rates import read_rates
+from experiments._harness.rates import with_rates
+from experiments._harness.records import cached_record
+from experiments._harness.records import define_include_flag
+from experiments._harness.records import included_records
+from experiments._harness.records import record_path
 from experiments._harness.report import Row
 from experiments._harness.report import markdown_table
 from experiments._harness.report import number_format
@@ -65,3 +89,5 @@ from experiments._harness.runs import result_path
 from experiments._harness.runs import split_record_key
 from experiments._harness.runs import throughput
 from experiments._harness.runs import write_json
+from experiments._harness.stages import chosen_stages
+from experiments._harness.stages import define_stages_flag

@@ -336,7 +336,7 @@ def test_full_depth_flagfiles_train_every_network_at_its_probed_rates(kind):
   assert not any(k.startswith("config.optimizer.") for k in flags)
   cells = [critical_tanh.rates_lib.cell(critical_tanh._q_label(float(q)), w)
            for q in flags["q_stars"].split(",") for w in flags["weight_kinds"].split(",")]
-  rates = critical_tanh.rates_lib.read_rates(flags["rates_from"], cells)
+  rates = _harness.read_rates(flags["rates_from"], cells)
   for name in cells:
     entry = rates["cells"][name]
     assert sorted(entry["rates"]) == sorted(critical_tanh.rates_lib.groups(name.split("=")[-1]))

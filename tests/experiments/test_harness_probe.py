@@ -56,3 +56,10 @@ def test_row_marks_the_chosen_rate_and_an_edge():
 def test_a_grid_needs_two_positive_rates(grid):
   with pytest.raises(ValueError, match="two or more positive rates"):
     probe.best_rate(grid, lambda r: r)
+
+
+def test_maximize_false_picks_the_lowest_score_a_nan_still_worst():
+  losses = {1e-3: 2.0, 1e-2: 1.5, 1e-1: float("nan"), 1.0: 3.0}
+  result = probe.best_rate(list(losses), losses.get, widen=0, maximize=False)
+  assert result.best == 1e-2 and not result.at_edge
+  assert probe.best_rate(list(losses), losses.get, widen=0).best == 1.0   # the highest
