@@ -27,6 +27,7 @@ CASES = [
     ("uci", "uci_smoke", (), 2, 1),
     ("deep_linear", "deep_linear_smoke", (), 4, 1),
     ("gmp_toys", "gmp_toys_smoke", (), 4, 1),
+    ("lm", "lm_smoke", ("--arms=adamw,muon,stiefel_muon",), 3, 4),
 ]
 
 

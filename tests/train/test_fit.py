@@ -259,3 +259,33 @@ def test_the_trainer_logs_the_defect_and_warns_once_when_it_drifts(stiefel, drif
     assert defect > 1e-2 and len(warnings) == 1, lines
   else:
     assert defect < 1e-4 and not warnings, lines
+
+
+def test_fit_trains_a_transformer_with_stiefel_attention_on_token_batches():
+  """A user's loop: TransformerLM with Stiefel attention, stiefel_muon + AdamW routed from the
+  model's metadata, int32 token windows; the loss falls and the attention stays orthonormal."""
+  text = np.frombuffer(b"to be or not to be that is the question " * 40, np.uint8)
+  vocab = np.unique(text)
+  tokens = np.searchsorted(vocab, text).astype(np.int32)
+
+  def batches(start):
+    for k in range(start, 10 ** 6):
+      starts = np.random.default_rng(k).integers(0, len(tokens) - 17, 8)
+      windows = tokens[starts[:, None] + np.arange(17)]
+      yield {"x": windows[:, :-1], "y": windows[:, 1:]}
+
+  def optimizer(model):
+    return oj.optim.partition(
+        model, euclidean=optax.adamw(3e-3),
+        stiefel=oj.optim.stiefel_muon(0.05, views=oj.nn.matrix_views(model)))
+
+  model_fn = lambda rngs: oj.models.TransformerLM(len(vocab), depth=2, width=16, heads=2,
+                                                  stiefel="attention", rngs=rngs)
+  result = fit(model_fn, optimizer, batches,
+               Config(num_steps=40, batch_size=8, log_every=40, mesh={"data": 1}),
+               print_fn=lambda *a, **k: None, devices=__import__("jax").devices()[:1])
+  assert result.train_metrics["loss"] < 0.8 * np.log(len(vocab))
+  stiefel = oj.manifolds.Stiefel()
+  for name in ("qkv", "attn_out"):
+    variable = getattr(result.model, name)
+    assert float(stiefel.defect(variable[...], view=variable.matrix_view).max()) < 1e-4
