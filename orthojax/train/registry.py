@@ -146,7 +146,7 @@ REGISTRIES: dict[str, dict[str, Callable[..., Any]]] = {
 """Which registry a section (or a nested keyword) draws its ``name`` from."""
 
 SUPPLIED_KEYWORDS = ("rngs", "dtype", "param_dtype", "in_features", "out_features",
-                     "num_classes", "input_size", "views", "mask", "kernel_metadata",
+                     "num_classes", "input_size", "vocab_size", "views", "mask", "kernel_metadata",
                      "bias_metadata")
 """The keywords that the trainer supplies from the data, the mesh or the model. The configs
 and the command-line overrides never write them into a section, so the trainer's value is

@@ -103,7 +103,8 @@ def test_every_optimizer_named_from_the_file_builds(name):
 def test_every_model_named_builds(name):
   tree = apply(f"--config.model.name={name}")
   supplied = registry.Supplied(dict.fromkeys(("rngs", "dtype", "in_features", "out_features",
-                                              "num_classes", "input_size")), owned=("rngs",))
+                                              "num_classes", "input_size", "vocab_size")),
+                              owned=("rngs",))
   registry.build("model", tree["model"], "config.model", supplied, check_only=True)
 
 
