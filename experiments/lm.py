@@ -75,7 +75,7 @@ from orthojax.train import data as data_lib
 from orthojax.train import metrics as metrics_lib
 from orthojax.train.config import ConfigError
 
-ARMS = ("adamw", "muon", "muon_polar_express", "stiefel_muon", "adamw_so")
+ARMS = ("adamw", "muon", "stiefel_muon", "muon_polar_express", "adamw_so")
 STAGES = ("probe", "train")
 DEFAULT_STAGES = ("train",)
 DEFAULT_RATES = {"muon": 0.02, "stiefel": 0.02}
