@@ -173,7 +173,7 @@ class TransformerLM(nnx.Module):
                        f"head dimension (rotary pairs)")
     check_choice(scale, self.SCALES, "scale", where="TransformerLM")
     self.activation = activation_fn(activation, where="TransformerLM") or (lambda x: x)
-    kinds = {**{m: "stiefel" for m in self._matrices("stiefel", stiefel)}}
+    kinds = {m: "stiefel" for m in self._matrices("stiefel", stiefel)}
     for m in self._matrices("oblique", oblique):
       if m in kinds:
         raise ValueError(f"TransformerLM: {m} is named in both stiefel= and oblique=")
