@@ -305,9 +305,10 @@ class LanguageModel(_harness.Experiment):
   def probe_cell(self, name: str) -> dict[str, Any]:
     """One arm's probe: its groups' grids, the others at the ``adamw`` cell's rate."""
     arm = name.split("=", 1)[1]
-    start = self.default_rates(self.base)
-    if arm != "adamw":   # probed first (self.cells starts with it)
-      start["adamw"] = self.probed[cell("adamw")]["rates"]["adamw"]
+    # The other arms' AdamW groups take the adamw cell's rate (probed first: self.cells
+    # starts with it); a cell records the rates its arm uses, no others.
+    start = ({} if arm == "adamw" else
+             {"adamw": self.probed[cell("adamw")]["rates"]["adamw"]})
     grids = [(group, _GRIDS[group].value) for group in probed_groups(arm)]
     steps = _PROBE_STEPS.value
     base = self.base.replace(num_steps=steps, eval_every=0, log_every=max(steps // 10, 1),
@@ -317,7 +318,8 @@ class LanguageModel(_harness.Experiment):
 
     def score(rates):
       tags = (("arm", arm),) + tuple((g, f"{rates[g]:g}") for g in probed_groups(arm))
-      run = _harness.Run(tags=tags, config=arm_config(base, arm, {**start, **rates}, _SO.value))
+      run = _harness.Run(tags=tags, config=arm_config(
+          base, arm, {**self.default_rates(self.base), **start, **rates}, _SO.value))
       return _harness.probe_trial(run, base.workdir, "loss", verbose=flags.FLAGS.verbose)
 
     self.probed[name] = _harness.probe_groups(grids, score, start=start,
