@@ -42,6 +42,10 @@ MODELS = {
     "SequenceRNN": lambda: oj.models.SequenceRNN(3, 4, 2, rngs=R()),
     "SequenceRNN stiefel": lambda: oj.models.SequenceRNN(3, 4, 2, recurrent="stiefel", recurrent_init="orthogonal",
                                                          rngs=R()),
+    "TransformerLM": lambda: oj.models.TransformerLM(11, depth=2, width=8, heads=2, rngs=R()),
+    "TransformerLM stiefel": lambda: oj.models.TransformerLM(
+        11, depth=2, width=8, heads=2, stiefel="attention", oblique="mlp", scale="output",
+        qk_norm=True, rngs=R()),
 }
 
 
@@ -71,8 +75,8 @@ def test_every_parameter_says_whether_it_is_a_matrix(build):
 
 
 @pytest.mark.parametrize("build", [MODELS["MLP gmp"], MODELS["DeepMLP stiefel"],
-                                   MODELS["ResNet18 gmp_imn"]], ids=["MLP gmp", "DeepMLP",
-                                                                     "ResNet18 gmp_imn"])
+                                   MODELS["ResNet18 gmp_imn"], MODELS["TransformerLM"]],
+                         ids=["MLP gmp", "DeepMLP", "ResNet18 gmp_imn", "TransformerLM"])
 def test_muon_and_the_penalty_mask_leave_non_matrices_alone(build):
   model = nnx.eval_shape(build)
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
