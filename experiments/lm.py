@@ -71,7 +71,6 @@ import numpy as np
 from experiments import _harness
 from experiments.configs.lm import PRESETS
 from orthojax import analysis
-from orthojax.train import data as data_lib
 from orthojax.train import metrics as metrics_lib
 from orthojax.train.config import ConfigError
 

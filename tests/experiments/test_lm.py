@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
-
-import os
 
 import jax
 import numpy as np
