@@ -113,8 +113,10 @@ class TransformerLM(nnx.Module):
     attn_out: ``(depth, width, width)`` — ``W_o``.
     mlp_in: ``(depth, width, mlp_ratio·width)``.
     mlp_out: ``(depth, mlp_ratio·width, width)``.
-    attn_norm, mlp_norm: ``(depth, width)`` RMSNorm gains.
-    q_norm, k_norm: ``(depth, head_dim)`` QK-norm gains (None without ``qk_norm``).
+    attn_norm: ``(depth, width)`` RMSNorm gains before attention.
+    mlp_norm: ``(depth, width)`` RMSNorm gains before the MLP.
+    q_norm: ``(depth, head_dim)`` QK-norm gains of the queries (None without ``qk_norm``).
+    k_norm: ``(depth, head_dim)`` the same for the keys.
     final_norm: ``(width,)``.
     head: ``(width, vocab_size)``.
     scales: ``{matrix name: s}`` of the constrained matrices (``(depth[, 3])`` or
@@ -149,14 +151,14 @@ class TransformerLM(nnx.Module):
   """
 
   INPUT = "tokens"
-  """The form the trainer feeds data in: int32 token ids ``(batch, context)``."""
+  """The form the trainer feeds data in, int32 token ids ``(batch, context)``."""
   MATRICES = ("qkv", "attn_out", "mlp_in", "mlp_out")
   """The hidden matrices, the ones an orthogonal optimizer or constraint may take."""
   GROUPS = {"attention": ("qkv", "attn_out"), "mlp": ("mlp_in", "mlp_out"),
             "all": MATRICES}
   """Shorthands for sets of :attr:`MATRICES` in ``stiefel=`` / ``oblique=``."""
   SCALES = ("matrix", "output")
-  """Accepted ``scale`` names: one learned scale per matrix or per output unit."""
+  """Accepted ``scale`` names, one learned scale per matrix or per output unit."""
 
   def __init__(self, vocab_size: int, *, depth: int = 4, width: int = 128, heads: int = 4,
                mlp_ratio: int = 4, activation: str = "gelu", qk_norm: bool = False,
