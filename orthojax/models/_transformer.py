@@ -76,6 +76,8 @@ from orthojax.nn import check_choice
 from orthojax.nn import sharding
 
 _INIT_STD = 0.02   # GPT-2's
+# The residual stream and the logits: the batch axis sharded like the batch, the rest whole.
+_RESIDUAL = (sharding.BATCH, None, None)
 
 
 def _normal(key: jax.Array, shape: Sequence[int], std: float, dtype: Any) -> jax.Array:
@@ -284,11 +286,11 @@ class TransformerLM(nnx.Module):
     layers.update({k: None for k, v in stack.items() if v is None})
 
     def body(x, p):
-      return self._block(x, p), None
+      return sharding.constrain(self._block(x, p), _RESIDUAL), None
 
     if self.remat:
       body = jax.checkpoint(body, prevent_cse=False)
-    x = jnp.take(embed, tokens, axis=0)
+    x = sharding.constrain(jnp.take(embed, tokens, axis=0), _RESIDUAL)
     x, _ = jax.lax.scan(body, x, layers)
-    return rms_norm(x, final_norm) @ head
+    return sharding.constrain(rms_norm(x, final_norm) @ head, _RESIDUAL)
 

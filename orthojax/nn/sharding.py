@@ -16,11 +16,23 @@ Logical axes:
   axis; ``vocab``: classifier outputs and token ids; ``embed``: a transformer's
   model width in its embedding, head and norms; ``qkv``: the query/key/value index of
   a stacked attention projection.
+
+Activations: a model marks the axes of an activation with the same kind of names
+(``batch`` for its leading axis) through :func:`constrain`. Outside a trainer it does
+nothing; a trainer that traces its step under :func:`activation_sharding` turns the names
+into a sharding constraint, as MaxText's ``with_logical_constraint`` does. Without one, XLA's
+propagation may follow a weight's sharding instead of the batch's: the embedding of a
+transformer whose width is sharded over ``fsdp`` hands the same mesh axis to the model
+width, and the whole global batch then runs on every chip.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import threading
+from typing import Any, Callable, Iterator
+
+import jax
 
 FAN_IN = "fan_in"
 FAN_OUT = "fan_out"
@@ -30,6 +42,7 @@ ANGLES = "angles"
 VOCAB = "vocab"
 EMBED = "embed"
 QKV = "qkv"
+BATCH = "batch"
 
 DENSE_KERNEL = (FAN_IN, FAN_OUT)
 BIAS = (FAN_OUT,)
@@ -60,3 +73,33 @@ def metadata(names: tuple[str | None, ...]) -> dict[str, Any]:
   if not (FAN_IN in names and FAN_OUT in names):
     out["matrix_view"] = False
   return out
+
+
+_ACTIVATIONS = threading.local()
+
+
+@contextlib.contextmanager
+def activation_sharding(resolve: Callable[[tuple[str | None, ...], tuple[int, ...]], Any]
+                        ) -> Iterator[None]:
+  """Within it, :func:`constrain` asks ``resolve(names, shape)`` for a sharding.
+
+  A trainer enters it around the function it traces (``resolve`` maps logical names to
+  its mesh's axes, e.g. ``orthojax.train.mesh.activation_resolver``).
+  """
+  previous = getattr(_ACTIVATIONS, "resolve", None)
+  _ACTIVATIONS.resolve = resolve
+  try:
+    yield
+  finally:
+    _ACTIVATIONS.resolve = previous
+
+
+def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
+  """``x`` with a sharding constraint by logical axis ``names`` (one per axis), under
+  :func:`activation_sharding`; ``x`` itself outside it."""
+  resolve = getattr(_ACTIVATIONS, "resolve", None)
+  if resolve is None:
+    return x
+  if len(names) != x.ndim:
+    raise ValueError(f"constrain: {len(names)} names {names} for an array of rank {x.ndim}")
+  return jax.lax.with_sharding_constraint(x, resolve(tuple(names), tuple(x.shape)))

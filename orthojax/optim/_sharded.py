@@ -232,16 +232,25 @@ class UpdateLayout:
     return {k: role for k, (role, aval) in enumerate(zip(self.roles, self.state_avals))
             if role in split and aval[0] == self.param_avals[role][0]}
 
-  def replicated_shardings(self, mesh: Any) -> Any:
+  def replicated_shardings(self, mesh: Any, param_shardings: Sequence[Any] | None = None
+                           ) -> Any:
     """Shardings of a :class:`ShardedUpdateState`'s ``replicated`` part on ``mesh``: the
-    split matrices' param-shaped state split like them, everything else replicated."""
+    split matrices' param-shaped state split like them; with ``param_shardings`` (one per
+    param leaf, e.g. FSDP's), the param-shaped state of the leaves every device updates
+    (Muon's AdamW group: embedding, head) sharded like its param; everything else
+    replicated."""
     positions = self.split_positions()
     kept = set(self.replicated)
     out = []
     for k, role in enumerate(self.roles):
       if role == _SHARED or role in kept:
-        spec = self.split_spec(positions[k]) if k in positions else P()
-        out.append(NamedSharding(mesh, spec))
+        if k in positions:
+          out.append(NamedSharding(mesh, self.split_spec(positions[k])))
+        elif (param_shardings is not None and role != _SHARED
+              and self.state_avals[k][0] == self.param_avals[role][0]):
+          out.append(param_shardings[role])
+        else:
+          out.append(NamedSharding(mesh, P()))
       else:
         out.append(optax.MaskedNode())
     return self.state_treedef.unflatten(out)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import collections
 import itertools
 import math
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -50,6 +50,7 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("qkv", None),
     ("embed", "fsdp"),
     ("vocab", None),
+    ("batch", BATCH_AXES),   # activations' leading axis (orthojax.nn.sharding.constrain)
 )
 
 
@@ -186,6 +187,22 @@ def prefetch_to_mesh(local_batches: Iterator[Any], mesh: Mesh, size: int = 2) ->
     yield batch
 
 
+def activation_resolver(mesh: Mesh, rules: Sequence[tuple[str, Any]] = DEFAULT_RULES
+                        ) -> Callable[[tuple[str | None, ...], tuple[int, ...]], NamedSharding]:
+  """Logical activation axes → a NamedSharding on ``mesh`` by ``rules``
+  (``orthojax.nn.sharding.activation_sharding``). An axis is replicated when its mesh axes do
+  not divide it or an earlier axis took them (``("batch", "embed")`` shards the batch)."""
+  def resolve(names, shape):
+    spec, taken = [], set()
+    for axes in _divisible(tuple(spmd.from_sharding_rules(tuple(names), list(rules))), shape,
+                           mesh):
+      mesh_axes = {axes} if isinstance(axes, str) else set(axes or ())
+      spec.append(None if mesh_axes & taken else axes)
+      taken |= mesh_axes
+    return NamedSharding(mesh, P(*spec))
+  return resolve
+
+
 def _divisible(spec: tuple[Any, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
   out = []
   for axes, dim in zip(spec, shape):
@@ -243,8 +260,9 @@ def state_shardings(abstract_state: Any, abstract_params: Any, params_shardings:
   follows ``['dense']['kernel']``) when their shapes agree; a leaf of another shape
   (Riemannian Adam's ``second_moment="matrix"``: one scalar per matrix) is replicated.
   The rows of an :class:`orthojax.optim.ShardedUpdateState` (one per owner device) are
-  split over the owner axes; its replicated part is replicated, except the state of the
-  matrices it splits over all owners (``split_above``), which is split like them.
+  split over the owner axes; in its replicated part, the param-shaped state of the leaves
+  every device updates follows its param, the state of the matrices it splits over all
+  owners (``split_above``) is split like them, and the rest is replicated.
   ``optax.MaskedNode`` s (a partitioned or masked transformation's placeholders) stay as
   they are.
   """
@@ -264,8 +282,9 @@ def state_shardings(abstract_state: Any, abstract_params: Any, params_shardings:
   def node(path, x):
     if isinstance(x, oj_optim.ShardedUpdateState):
       rows = NamedSharding(mesh, P(x.layout.axes))
-      return oj_optim.ShardedUpdateState({d: rows for d in x.owned},
-                                         x.layout.replicated_shardings(mesh), x.layout)
+      return oj_optim.ShardedUpdateState(
+          {d: rows for d in x.owned},
+          x.layout.replicated_shardings(mesh, jax.tree.leaves(params_shardings)), x.layout)
     return leaf_sharding(path, x)
 
   return jax.tree_util.tree_map_with_path(

@@ -144,6 +144,18 @@ class MetricsWriter:
   def jsonl_path(self) -> str | None:
     return None if self.workdir is None else os.path.join(self.workdir, "metrics.jsonl")
 
+  def _tensorflow(self):
+    """TensorFlow for ``tf.summary``, or None (said once) where it does not import:
+    an accelerator image without it still trains, logging to ``metrics.jsonl``."""
+    try:
+      from orthojax.train.data._tf import tf  # pylint: disable=g-import-not-at-top  (GPUs hidden)
+    except ImportError as e:
+      self.print_fn(f"TensorBoard events off: TensorFlow does not import ({e}); "
+                    f"metrics.jsonl has every scalar", flush=True)
+      self._tensorboard = False
+      return None
+    return tf
+
   def _summary_writer(self, split: str):
     if split not in self._tb:
       from orthojax.train.data._tf import tf  # pylint: disable=g-import-not-at-top  (GPUs hidden)
@@ -178,8 +190,7 @@ class MetricsWriter:
       self._keys.add(key)
       self._jsonl.write(json.dumps({"step": int(step), "split": split, **values}) + "\n")
       self._jsonl.flush()
-    if self._tensorboard:
-      from orthojax.train.data._tf import tf  # pylint: disable=g-import-not-at-top  (GPUs hidden)
+    if self._tensorboard and (tf := self._tensorflow()) is not None:
       with self._summary_writer(split).as_default():
         for name, value in values.items():
           tf.summary.scalar(name, value, step=int(step))

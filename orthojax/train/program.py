@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import time
 from typing import Any, Callable, Sequence
@@ -281,11 +282,14 @@ def build_program(config: Config, info: DatasetInfo, *,
                             compute_dtype=dtype, grad_accum_steps=config.grad_accum_steps,
                             nan_policy=config.nan_policy,
                             scale_updates=config.schedule == "plateau")
+  # The models' activations keep the batch's sharding (orthojax.nn.sharding.constrain).
+  step_fn = _with_activation_sharding(step_fn, mesh)
   batch_sh = mesh_lib.batch_sharding(mesh)
   train_step = jax.jit(step_fn, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, rep),
                        donate_argnums=0)
-  eval_step = jax.jit(make_eval_step(graphdef_eval, loss_fn, classification=classification,
-                                     compute_dtype=dtype),
+  eval_step = jax.jit(_with_activation_sharding(
+                          make_eval_step(graphdef_eval, loss_fn, classification=classification,
+                                         compute_dtype=dtype), mesh),
                       in_shardings=(state_sh, batch_sh), out_shardings=rep)
   return Program(config=config, info=info, mesh=mesh, num_processes=num_processes,
                  total_steps=total_steps, steps_per_epoch=steps_per_epoch, tx=tx,
@@ -293,6 +297,17 @@ def build_program(config: Config, info: DatasetInfo, *,
                  train_step=train_step, eval_step=eval_step, step_fn=step_fn,
                  saved_sharding=saved_sh, to_saved=to_saved, from_saved=from_saved,
                  graphdef=graphdef_eval, defect=_defect_fn(abs_params, rep))
+
+
+def _with_activation_sharding(fn: Callable[..., Any], mesh: Mesh) -> Callable[..., Any]:
+  """``fn`` traced under the mesh's activation rules (:func:`mesh_lib.activation_resolver`)."""
+  resolve = mesh_lib.activation_resolver(mesh)
+
+  @functools.wraps(fn)
+  def traced(*args, **kwargs):
+    with oj.nn.sharding.activation_sharding(resolve):
+      return fn(*args, **kwargs)
+  return traced
 
 
 def _defect_fn(abs_params: Any, out_sharding: Any) -> Callable[[Any], Any] | None:

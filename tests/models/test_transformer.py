@@ -260,3 +260,37 @@ def test_owner_sharded_update_equals_replicated_on_8_devices(name):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6), u_sh, u_rep)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6),
                jax.jit(oj.optim.replicated_state)(s_sh), s_rep)
+
+
+def test_activations_keep_the_batch_sharding_under_fsdp():
+  """The width is sharded over ``fsdp`` (``embed`` → fsdp); without the model's constraints
+  the embedding hands that axis to the width and every device runs the whole batch."""
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (simulated) devices")
+  from orthojax.train import mesh as mesh_lib   # pylint: disable=g-import-not-at-top
+  mesh = mesh_lib.make_mesh(data=1, fsdp=8)
+  graphdef, state = nnx.split(TransformerLM(32, depth=2, width=64, heads=2, rngs=nnx.Rngs(0)))
+  params = jax.device_put(nnx.to_pure_dict(state), mesh_lib.param_shardings(state, mesh))
+  tokens = jax.device_put(jnp.zeros((16, 8), jnp.int32), mesh_lib.batch_sharding(mesh))
+  assert params["embed"].sharding.spec == P(None, "fsdp")
+
+  def logits(params, tokens, resolve):
+    with oj.nn.sharding.activation_sharding(resolve):
+      return nnx.merge(graphdef, params)(tokens)
+
+  out = jax.jit(logits, static_argnums=2)(params, tokens, mesh_lib.activation_resolver(mesh))
+  assert out.sharding.shard_shape(out.shape) == (2, 8, 32)
+  unconstrained = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t))(params, tokens)
+  np.testing.assert_allclose(out, unconstrained, rtol=1e-5, atol=1e-5)
+
+
+def test_activation_rules_shard_the_batch_once_and_only_where_it_divides():
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (simulated) devices")
+  from orthojax.train import mesh as mesh_lib   # pylint: disable=g-import-not-at-top
+  resolve = mesh_lib.activation_resolver(mesh_lib.make_mesh(data=2, fsdp=4))
+  assert resolve(("batch", None, None), (16, 3, 5)).spec == P(("data", "fsdp"), None, None)
+  assert resolve(("batch", None, "embed"), (16, 3, 8)).spec == P(("data", "fsdp"), None, None)
+  assert resolve(("batch", None, "embed"), (6, 3, 8)).spec == P(None, None, "fsdp")
+  x = jnp.ones((4, 3))
+  assert oj.nn.sharding.constrain(x, ("batch", None)) is x   # outside a trainer: unchanged

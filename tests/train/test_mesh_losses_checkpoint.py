@@ -81,6 +81,29 @@ def test_state_of_another_shape_is_replicated_not_given_the_params_sharding():
   assert state is not None
 
 
+def test_owner_sharded_state_keeps_the_fsdp_sharding_of_the_leaves_every_device_updates():
+  """Muon's AdamW group (an embedding here) sits in the owner-sharded state's replicated
+  part; its moments must follow the param's FSDP sharding, not fill every chip."""
+  mesh = mesh_lib.make_mesh(data=2, fsdp=4)
+  params = {"embed": jnp.ones((32, 16)), "w": jnp.ones((16, 16))}
+  views = {"embed": False, "w": None}
+  shardings = {"embed": NamedSharding(mesh, P(None, "fsdp")),
+               "w": NamedSharding(mesh, P(None, "fsdp"))}
+  with oj.optim.sharded_updates(mesh):
+    tx = oj.optim.muon(1e-2, views=views)
+  opt = mesh_lib.opt_state_shardings(tx, params, shardings, mesh)
+  specs = {jax.tree_util.keystr(k): v.spec for k, v in
+           jax.tree_util.tree_flatten_with_path(opt, is_leaf=lambda x: hasattr(x, "spec"))[0]}
+  embed = {k: v for k, v in specs.items() if k.endswith("['embed']")}
+  assert embed and all(v == P(None, "fsdp") for v in embed.values()), specs
+  state = jax.jit(tx.init, out_shardings=opt)(params)
+  updates, _ = jax.jit(tx.update)(params, state, params)
+  reference, _ = oj.optim.muon(1e-2, views=views).update(params, oj.optim.muon(
+      1e-2, views=views).init(params), params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               updates, reference)
+
+
 def test_losses_against_closed_forms():
   logits = jnp.array([[2.0, 0.5, -1.0], [0.0, 0.0, 3.0]])
   labels = jnp.array([0, 1])
