@@ -27,7 +27,9 @@ import dataclasses
 import functools
 import math
 import re
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
+
+import numpy as np
 
 from orthojax.linalg import GUARD_SCOPE
 
@@ -418,17 +420,49 @@ def _matmul_flops(ins: Instruction, types: dict[str, str]) -> float:
   if ins.op == "dot":
     dims = re.search(r"rhs_contracting_dims=\{([\d,]*)\}", ins.rest)
     contracted = math.prod(rhs_shape[int(d)] for d in dims.group(1).split(",") if d) if dims else 1
-  else:   # kernel elements per output feature: spatial window × input features per group
-    labels = re.search(r"dim_labels=\w+_(\w+)->", ins.rest)
-    if not labels or "o" not in labels.group(1):
-      return 0.0
-    contracted = math.prod(rhs_shape) // rhs_shape[labels.group(1).index("o")]
-    # The input gradient of a strided convolution dilates its input with zeros
-    # (lhs_dilate=s): only one tap in s per spatial axis multiplies a real value.
-    dilate = re.search(r"lhs_dilate=([\dx]+)", ins.rest)
-    if dilate:
-      contracted /= math.prod(int(d) for d in dilate.group(1).split("x"))
+  else:
+    return _convolution_flops(ins, types, operands, out[0][1], rhs_shape)
   return 2.0 * out_elements * contracted
+
+
+def _convolution_flops(ins: Instruction, types: dict[str, str], operands: list[str],
+                       out_shape: tuple[int, ...], rhs_shape: tuple[int, ...]) -> float:
+  """``2 × batch × output features × input features per group × real taps``, where the
+  real taps of each spatial axis are the (output position, window tap) pairs that land on
+  an input element rather than on padding or a dilation hole.
+
+  Counting ``out elements × window`` instead overcounts the convolutions XLA:TPU makes of
+  batched dots (a window as long as the batch, padded by one less on each side: one real
+  tap per output) and the input gradients of strided convolutions (``lhs_dilate``).
+  """
+  labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", ins.rest)
+  lhs = _arrays(types.get(operands[0], ""))
+  if not labels or not lhs or "o" not in labels.group(2) or "f" not in labels.group(3):
+    return 0.0
+  lhs_labels, rhs_labels, out_labels = labels.groups()
+  lhs_shape = lhs[0][1]
+  window = re.search(r"window=\{([^}]*)\}", ins.rest)
+  attrs = dict(re.findall(r"(\w+)=([\w\-]+)", window.group(1))) if window else {}
+  spatial = sorted(c for c in out_labels if c.isdigit())
+
+  def per_axis(key: str, default: int) -> list[Any]:
+    values = attrs.get(key, "").split("x") if key in attrs else []
+    return values if len(values) == len(spatial) else [default] * len(spatial)
+
+  taps = 1
+  for d, size, stride, pad, lhs_dilate, rhs_dilate in zip(
+      spatial, per_axis("size", 1), per_axis("stride", 1), per_axis("pad", "0_0"),
+      per_axis("lhs_dilate", 1), per_axis("rhs_dilate", 1)):
+    n = lhs_shape[lhs_labels.index(d)]
+    o = out_shape[out_labels.index(d)]
+    lo = int(str(pad).split("_")[0])
+    ld, rd, s = int(lhs_dilate), int(rhs_dilate), int(stride)
+    positions = np.arange(o)[:, None] * s + np.arange(int(size))[None, :] * rd - lo
+    real = (positions >= 0) & (positions <= (n - 1) * ld) & (positions % ld == 0)
+    taps *= int(real.sum())
+  batch = out_shape[out_labels.index("b")] if "b" in out_labels else 1
+  return (2.0 * batch * out_shape[out_labels.index("f")] * rhs_shape[rhs_labels.index("i")]
+          * taps)
 
 
 def _custom_call_target(ins: Instruction) -> str | None:

@@ -39,8 +39,11 @@ def test_dot_and_convolution_flops_without_loops():
   x, w = jnp.ones((8, 16, 16, 3)), jnp.ones((3, 3, 3, 5))
   conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
                                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))
-  module, _ = _module(conv, x, w)
-  assert module.matmul_flops() == pytest.approx(2 * 8 * 16 * 16 * 5 * 3 * 3 * 3)
+  module, xla = _module(conv, x, w)
+  # SAME padding: per axis, 16 outputs × 3 taps less the 2 that land on the padding.
+  taps = (16 * 3 - 2) ** 2
+  assert module.matmul_flops() == pytest.approx(2 * 8 * 5 * 3 * taps)
+  assert xla == pytest.approx(2 * 8 * 5 * 3 * taps, rel=0.02)   # XLA's own rule
   module, _ = _module(lambda a, b: a @ b, jnp.ones((7, 11)), jnp.ones((11, 13)))
   assert module.matmul_flops() == 2 * 7 * 11 * 13
 
@@ -100,9 +103,27 @@ def test_strided_convolution_gradients_count_real_taps_only():
                                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))
   grads = jax.grad(lambda x, w: conv(x, w).sum(), argnums=(0, 1))
   module, xla = _module(grads, jnp.ones((8, 16, 16, 3)), jnp.ones((3, 3, 3, 5)))
-  forward = 2 * 8 * 8 * 8 * 5 * 3 * 3 * 3
+  forward = 2 * 8 * 5 * 3 * (8 * 3 - 1) ** 2   # SAME, stride 2: the last tap is padding
   assert module.matmul_flops() == pytest.approx(2 * forward)
   assert xla == pytest.approx(2 * forward, rel=0.15)   # XLA also skips the padding taps
+
+
+# XLA:TPU's form of the batched product "btd,ide->ibte" (3 × 256 × 256 weights, batch 8):
+# a convolution whose window runs over the 8-long axis of the weights, padded by 7 on each
+# side, so that each output position meets exactly one real tap.
+_TPU_DOT_AS_CONV = """HloModule m
+
+ENTRY %main (w: bf16[3,256,256,1], x: f32[8,256,256,1]) -> f32[3,256,8,256] {
+  %w = bf16[3,256,256,1]{1,2,3,0} parameter(0)
+  %x = f32[8,256,256,1]{1,2,0,3} parameter(1)
+  ROOT %convolution.72 = f32[3,256,8,256]{3,1,2,0} convolution(%w, %x), window={size=1x8 pad=0_0x7_7 rhs_reversal=0x1}, dim_labels=0fb1_1oi0->0b1f
+}
+"""
+
+
+def test_a_batched_dot_lowered_to_a_padded_convolution_counts_its_real_taps():
+  module = hlo.Module.from_text(_TPU_DOT_AS_CONV)
+  assert module.matmul_flops() == 2 * 8 * 256 * 256 * 3 * 256   # not 8× that
 
 
 _CUDNN = """HloModule m
