@@ -23,12 +23,14 @@ untouched without special cases.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import contextlib
+import contextvars
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 
-from orthojax.linalg._matrix_view import check_float, is_view, layout
+from orthojax.linalg._matrix_view import MatrixView, check_float, infer_view, is_view, layout
 
 _MISSING = object()
 
@@ -108,7 +110,8 @@ def leaf_names(params: Any) -> list[str]:
 
 
 def map_views(fn: Callable[..., Any], params: Any, *trees: Any, views: Any = None,
-              mask: Any = None, default: Callable[..., Any] | None = None) -> Any:
+              mask: Any = None, default: Callable[..., Any] | None = None,
+              bucket: bool = False) -> Any:
   """``fn(leaf, *matching_leaves, view=view)`` over the selected leaves of ``params``.
 
   Each selected leaf is validated first (floating dtype, a valid layout under
@@ -117,22 +120,76 @@ def map_views(fn: Callable[..., Any], params: Any, *trees: Any, views: Any = Non
   the leaf itself). ``trees`` must have ``params``' structure (masked
   placeholders included). ``mask`` None selects every leaf — callers that
   route leaves elsewhere (``optax.partition``) constrain all they receive.
+
+  ``bucket``: call ``fn`` once per *bucket* of selected leaves that share shape, dtype,
+  view and the shapes and dtypes of their matching leaves, stacked on a new leading
+  batch axis, and hand each leaf its slice of the results (under :func:`bucketing`,
+  on by default). One chain of kernels then serves a bucket, not each leaf: ResNet-50's
+  53 conv kernels have 20 shapes. Only for an ``fn`` that treats batch axes as
+  independent matrices and returns arrays batched like its first argument (an
+  optimizer's per-matrix update; not a penalty summed over its matrices). The
+  results equal the per-leaf ones to rounding (batched products).
   """
   leaves, treedef = jax.tree_util.tree_flatten(params)
   others = [treedef.flatten_up_to(t) for t in trees]
   names = leaf_names(params)
   per_view = views_for(params, views)
   selected = [True] * len(leaves) if mask is None else mask_for(params, mask)
-  out = []
+  out: list[Any] = [None] * len(leaves)
+  buckets: dict[Any, list[int]] = {}
   for i, (leaf, name, view, keep) in enumerate(zip(leaves, names, per_view, selected)):
     rest = [o[i] for o in others]
     if not keep or view is False:
-      out.append(default(leaf, *rest) if default else (rest[0] if rest else leaf))
+      out[i] = default(leaf, *rest) if default else (rest[0] if rest else leaf)
       continue
     check_float(leaf, name)
-    layout(jnp.shape(leaf), view, name)
-    out.append(fn(leaf, *rest, view=view))
+    lo = layout(jnp.shape(leaf), view, name)
+    key = _bucket_key(leaf, rest, lo) if bucket and _BUCKETING.get() else None
+    buckets.setdefault(key if key is not None else ("leaf", i), []).append(i)
+  for members in buckets.values():
+    if len(members) == 1:
+      i = members[0]
+      out[i] = fn(leaves[i], *[o[i] for o in others], view=per_view[i])
+      continue
+    first = members[0]
+    stacked = [jnp.stack([tree[i] for i in members]) for tree in (leaves, *others)]
+    view = MatrixView.stacked(_explicit(per_view[first], jnp.shape(leaves[first])), 1)
+    result = fn(*stacked, view=view)
+    for n, i in enumerate(members):
+      out[i] = jax.tree.map(lambda r, n=n: r[n], result)
   return treedef.unflatten(out)
+
+
+_BUCKETING: contextvars.ContextVar[bool] = contextvars.ContextVar("orthojax_bucketing",
+                                                                   default=True)
+
+
+@contextlib.contextmanager
+def bucketing(enabled: bool) -> Iterator[None]:
+  """Turn :func:`map_views`' same-shape buckets on or off while transformations are traced
+  in this block (on by default; off: one chain of kernels per leaf, e.g. to measure)."""
+  token = _BUCKETING.set(bool(enabled))
+  try:
+    yield
+  finally:
+    _BUCKETING.reset(token)
+
+
+def _bucket_key(leaf: Any, rest: Sequence[Any], lo: Any) -> Any:
+  """What leaves must share to be stacked: their layout and every matching leaf's
+  shape and dtype; None (a bucket of its own) for a matching leaf that is no array."""
+  avals = []
+  for x in (leaf, *rest):
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+      return None
+    avals.append((tuple(x.shape), str(x.dtype)))
+  return (tuple(avals), tuple(lo.perm), lo.transposed)
+
+
+def _explicit(view: Any, shape: Sequence[int]) -> MatrixView:
+  """``view`` (None: inferred) as a MatrixView with explicit axes."""
+  view = infer_view(shape) if view is None else view
+  return MatrixView(reduction_axis=view.reduction_axis, output_axis=view.output_axis)
 
 
 def unzip(pairs: Any, like: Any) -> tuple[Any, Any]:

@@ -76,7 +76,7 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
       return jnp.zeros(linalg.layout(w.shape, view).batch_shape, linalg.compute_dtype(w.dtype))
     return CayleyState(count=jnp.zeros([], jnp.int32),
                        mu=optax.tree.zeros_like(params),
-                       nu=map_views(nu_leaf, params, views=views))
+                       nu=map_views(nu_leaf, params, views=views, bucket=True))
 
   def update_fn(updates, state, params=None):
     _require_params(params, who)
@@ -110,7 +110,7 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
       return (lo.from_tall(y).astype(w.dtype) - w, (lo.from_tall(m_t).astype(m.dtype), v))
 
     with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
-      pairs = map_views(leaf, params, updates, state.mu, state.nu, views=views)
+      pairs = map_views(leaf, params, updates, state.mu, state.nu, views=views, bucket=True)
     out, mv = unzip(pairs, updates)
     mu, nu = unzip(mv, state.mu)
     return out, CayleyState(count=count, mu=mu, nu=nu)

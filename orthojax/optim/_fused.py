@@ -261,7 +261,8 @@ def fused_stiefel_adam(
       return update, lo.from_tall(m_new).astype(m.dtype), v_new.astype(v.dtype)
 
     with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
-      triples = linalg.map_views(leaf, params, updates, adam_state.mu, adam_state.nu, views=views)
+      triples = linalg.map_views(leaf, params, updates, adam_state.mu, adam_state.nu,
+                                 views=views, bucket=True)
     treedef = jax.tree_util.tree_structure(updates)
     flat = treedef.flatten_up_to(triples)
     out = treedef.unflatten([t[0] for t in flat])

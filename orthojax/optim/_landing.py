@@ -137,7 +137,7 @@ def landing(
       return lo.from_tall(step).astype(g.dtype)
 
     with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
-      out = map_views(leaf, params, updates, views=views)
+      out = map_views(leaf, params, updates, views=views, bucket=True)
     return out, LandingState(count=optax.safe_increment(state.count))
 
   return optax.GradientTransformation(

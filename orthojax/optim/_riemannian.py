@@ -67,7 +67,7 @@ def project_to_tangent(manifold: Manifold, views: Any = None) -> optax.GradientT
   def update_fn(updates, state, params=None):
     _require_params(params, "project_to_tangent")
     out = map_views(lambda w, g, view: manifold.egrad_to_rgrad(w, g, view=view),
-                    params, updates, views=views)
+                    params, updates, views=views, bucket=True)
     return out, state
 
   return optax.GradientTransformation(lambda params: optax.EmptyState(),
@@ -115,7 +115,7 @@ def riemannian_momentum(manifold: Manifold, momentum: float = 0.9, nesterov: boo
       out = g + momentum * m if nesterov else m
       return out, m.astype(accumulator_dtype or m.dtype)
 
-    pairs = map_views(leaf, params, updates, state.trace, views=views)
+    pairs = map_views(leaf, params, updates, state.trace, views=views, bucket=True)
     out, trace = unzip(pairs, updates)
     return out, RiemannianMomentumState(trace=trace)
 
@@ -199,7 +199,7 @@ def scale_by_riemannian_adam(
         return jnp.zeros_like(w)
       return jnp.zeros(linalg.layout(w.shape, view).batch_shape, w.dtype)
 
-    nu = map_views(nu_leaf, params, views=views)
+    nu = map_views(nu_leaf, params, views=views, bucket=True)
     return ScaleByRiemannianAdamState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu)
 
   def update_fn(updates, state, params=None):
@@ -230,7 +230,7 @@ def scale_by_riemannian_adam(
         d = lo.from_matrix(lo.to_matrix(m_hat) / denom[..., None, None])
       return d.astype(g.dtype), (m.astype(mu_dtype or m.dtype), v)
 
-    pairs = map_views(leaf, params, updates, state.mu, state.nu, views=views)
+    pairs = map_views(leaf, params, updates, state.mu, state.nu, views=views, bucket=True)
     out, mv = unzip(pairs, updates)
     mu, nu = unzip(mv, state.mu)
     return out, ScaleByRiemannianAdamState(count=count, mu=mu, nu=nu)
@@ -286,7 +286,7 @@ def retract(manifold: Manifold, views: Any = None,
                                 lambda y: y, y)
       return (y - w).astype(u.dtype)
 
-    return map_views(leaf, params, updates, views=views), RetractState(count=count)
+    return map_views(leaf, params, updates, views=views, bucket=True), RetractState(count=count)
 
   return optax.GradientTransformation(
       lambda params: RetractState(count=jnp.zeros([], jnp.int32)),

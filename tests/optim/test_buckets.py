@@ -1,0 +1,117 @@
+"""Same-shape buckets (``oj.linalg.map_views(bucket=True)``): one batched chain of kernels
+per bucket of same-shape matrices equals one chain per leaf, and the state stays per leaf."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import orthojax as oj
+
+STIEFEL, OBLIQUE = oj.manifolds.Stiefel(), oj.manifolds.Oblique()
+CONV = oj.linalg.MatrixView.conv(2)
+STACK = oj.linalg.MatrixView.stacked()
+
+# ResNet-18's kernel shapes in miniature (repeated 3 × 3 kernels, a 1 × 1 projection, a
+# stem), a Dense head and a scanned stack: 11 leaves in 6 buckets.
+SHAPES = {"stem": (3, 3, 3, 8), "a1": (3, 3, 8, 8), "a2": (3, 3, 8, 8), "a3": (3, 3, 8, 8),
+          "b1": (3, 3, 8, 16), "proj": (1, 1, 8, 16), "b2": (3, 3, 16, 16),
+          "b3": (3, 3, 16, 16), "head": (16, 10), "head2": (16, 10), "stack": (4, 12, 12)}
+VIEWS = {"stack": STACK}
+
+
+def _tree(key, manifold):
+  keys = dict(zip(SHAPES, jax.random.split(key, len(SHAPES))))
+  params = {}
+  for name, shape in SHAPES.items():
+    params[name] = manifold.random(keys[name], shape, view=VIEWS.get(name))
+  gkey = jax.random.fold_in(key, 10_000)   # not the params' draws (a gradient ∥ W is normal)
+  grads = {n: 0.1 * jax.random.normal(jax.random.fold_in(gkey, i), s)
+           for i, (n, s) in enumerate(SHAPES.items())}
+  return params, grads
+
+
+OPTIMIZERS = {
+    "radam_qr": lambda: oj.optim.radam(1e-2, STIEFEL, views=VIEWS),
+    "radam_cayley": lambda: oj.optim.radam(1e-2, oj.manifolds.Stiefel("cayley"),
+                                           views=VIEWS),
+    "radam_matrix_nu": lambda: oj.optim.radam(1e-2, STIEFEL, second_moment="matrix",
+                                              views=VIEWS),
+    "radam_oblique": lambda: oj.optim.radam(1e-2, OBLIQUE, views=VIEWS),   # the chain path
+    "rsgd_momentum": lambda: oj.optim.rsgd(1e-2, STIEFEL, momentum=0.9, nesterov=True,
+                                           views=VIEWS),
+    "cayley_sgd": lambda: oj.optim.cayley_sgd(1e-2, views=VIEWS),
+    "cayley_adam": lambda: oj.optim.cayley_adam(1e-2, views=VIEWS),
+    "landing": lambda: oj.optim.landing(1e-2, views=VIEWS),
+    "projected_gradient": lambda: oj.optim.projected_gradient(1e-2, STIEFEL, views=VIEWS),
+}
+
+
+def _steps(make, params, grads, steps=3):
+  tx = make()
+  state = tx.init(params)
+  step = jax.jit(tx.update)
+  out = []
+  for k in range(steps):
+    updates, state = step(jax.tree.map(lambda g: g * (1 + k), grads), state, params)
+    params = jax.tree.map(jnp.add, params, updates)
+    out.append(updates)
+  return out, state
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_bucketed_update_equals_the_per_leaf_update(name):
+  manifold = OBLIQUE if name == "radam_oblique" else STIEFEL
+  params, grads = _tree(jax.random.PRNGKey(0), manifold)
+  bucketed, state_b = _steps(OPTIMIZERS[name], params, grads)
+  with oj.linalg.bucketing(False):
+    per_leaf, state_l = _steps(OPTIMIZERS[name], params, grads)
+  assert jax.tree.structure(state_b) == jax.tree.structure(state_l)
+  for b, l in zip(bucketed, per_leaf):
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=2e-5, atol=2e-6), b, l)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=2e-5, atol=2e-6),
+               state_b, state_l)
+
+
+
+
+def _primitives(make, params, grads):
+  tx = make()
+  jaxpr = jax.make_jaxpr(lambda p, g: tx.update(g, tx.init(p), p))(params, grads).jaxpr
+  counts: dict[str, int] = {}
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      counts[eqn.primitive.name] = counts.get(eqn.primitive.name, 0) + 1
+      for value in eqn.params.values():
+        for sub in value if isinstance(value, (list, tuple)) else [value]:
+          inner = getattr(sub, "jaxpr", sub)
+          if hasattr(inner, "eqns"):
+            walk(inner)
+  walk(jaxpr)
+  return counts
+
+
+def test_one_chain_of_products_per_bucket_not_per_leaf():
+  """11 leaves in 7 buckets (stem, a × 3, b1, proj, b × 2, head × 2, stack): the traced
+  update holds the stacking and the per-bucket products, far fewer than per leaf."""
+  params, grads = _tree(jax.random.PRNGKey(1), STIEFEL)
+  bucketed = _primitives(OPTIMIZERS["radam_qr"], params, grads)
+  with oj.linalg.bucketing(False):
+    per_leaf = _primitives(OPTIMIZERS["radam_qr"], params, grads)
+  assert "stack" not in per_leaf and bucketed["stack"] > 0
+  assert bucketed["dot_general"] * 11 <= per_leaf["dot_general"] * 7 + 11 * 11
+
+
+def test_map_views_buckets_only_where_asked():
+  """A penalty sums over a leaf's matrices: without ``bucket`` it sees each leaf alone."""
+  params = {"a": jnp.ones((4, 3)), "b": 2 * jnp.ones((4, 3))}
+  seen = []
+  oj.linalg.map_views(lambda w, view: seen.append(w.shape) or jnp.sum(w), params)
+  assert seen == [(4, 3), (4, 3)]
+  seen.clear()
+  out = oj.linalg.map_views(lambda w, view: seen.append(w.shape) or 2 * w, params, bucket=True)
+  assert seen == [(2, 4, 3)]
+  np.testing.assert_array_equal(out["b"], 4 * jnp.ones((4, 3)))
