@@ -98,8 +98,15 @@ class Piece:
     return self.stop - self.start
 
 
-def assign_owners(leaves: Sequence[MatrixLeaf], num_owners: int) -> tuple[tuple[Piece, ...], ...]:
+def assign_owners(leaves: Sequence[MatrixLeaf], num_owners: int, *,
+                  stripe_stacks: bool = False) -> tuple[tuple[Piece, ...], ...]:
   """Pieces per owner (each owner's sorted by leaf).
+
+  ``stripe_stacks``: stripe every stack over all owners (owner ``j`` takes layers
+  ``[j s, (j + 1) s)``, ``s = ⌈length / num_owners⌉``) instead of water-filling them.
+  Each owner then holds one block of each stack, which an FSDP-sharded stack reaches by
+  an all-to-all; the price is balance (the stacks' layers no longer spread over the
+  owners that singles leave idle).
 
   Every index of every leaf is in exactly one piece, and no owner holds two
   pieces of one leaf. Single matrices go first, longest-processing-time-first
@@ -127,6 +134,13 @@ def assign_owners(leaves: Sequence[MatrixLeaf], num_owners: int) -> tuple[tuple[
     owned[owner].append(Piece(leaf.index, 0, 1))
 
   stacks = [leaf for leaf in leaves if leaf.length > 1]
+  if stripe_stacks:
+    for leaf in stacks:
+      share = -(-leaf.length // num_owners)
+      for j in range(num_owners):
+        if j * share < leaf.length:
+          owned[j].append(Piece(leaf.index, j * share, min((j + 1) * share, leaf.length)))
+    return tuple(tuple(sorted(pieces, key=lambda p: p.index)) for pieces in owned)
   total = sum(leaf.matrix_cost * leaf.length for leaf in stacks)
   if len(stacks) == 1:
     for owner, piece in _stripe(stacks[0], loads):

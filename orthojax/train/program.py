@@ -255,8 +255,11 @@ def build_program(config: Config, info: DatasetInfo, *,
   # ------------------------------------------------------------ Optimizer --
   # Owner-sharded updates: orthojax's orthogonalizing optimizers built here update each
   # matrix on one device (oj.optim.shard_update); a ready-made chain is used as given.
+  # Under FSDP the stacks are striped, so that they reach their owners by all-to-alls
+  # instead of whole on every device.
   shard = config.mesh.shard_update and oj.optim.num_owners(mesh) > 1
-  with (oj.optim.sharded_updates(mesh, split_above=config.mesh.split_above) if shard
+  with (oj.optim.sharded_updates(mesh, split_above=config.mesh.split_above,
+                                 stripe_stacks=mesh.shape["fsdp"] > 1) if shard
         else contextlib.nullcontext()):
     tx = _build_optimizer(config, optimizer, abstract, abs_params, pure_params, total_steps)
 

@@ -337,3 +337,28 @@ def test_a_lone_stack_is_striped_with_the_single_kernels_last(owners, share, tai
   assert pieces[-1] == (_owners.Piece(0, 0, 1), _owners.Piece(1, 200 - tail, 200))
   loads = _owners.loads(leaves, pieces)   # as balanced as the water-fill's optimum
   assert max(loads) * owners / sum(loads) < 1.002
+
+
+def test_striped_stacks_move_as_blocks_and_match_the_replicated_update():
+  """``stripe_stacks``: every stack striped over the owners, entering and leaving as each
+  owner's block of layers (padded to owners × share); the update is unchanged."""
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (simulated) devices")
+  mesh = Mesh(np.array(jax.devices()[:8]), ("data",), axis_types=(AxisType.Auto,))
+  stack = oj.linalg.MatrixView.stacked()
+  params = {"a": jax.random.normal(jax.random.PRNGKey(0), (5, 12, 8)),   # 5 layers: padded to 8
+            "b": jax.random.normal(jax.random.PRNGKey(1), (11, 8, 16)),  # 11: two per owner
+            "w": jax.random.normal(jax.random.PRNGKey(2), (16, 8))}      # a single: packed
+  grads = jax.tree.map(lambda x: 0.1 * jnp.cos(x), params)
+  views = {"a": stack, "b": stack}
+  tx = oj.optim.shard_update(oj.optim.muon(0.02, views=views), mesh, views=views,
+                             stripe_stacks=True)
+  layout = _sharded.plan(oj.optim.muon(0.02, views=views), params, num_owners=8,
+                         views=views, stripe_stacks=True)
+  assert dict(layout.striped) == {0: 1, 1: 2}
+  state = jax.jit(tx.init)(params)
+  updates, _ = jax.jit(tx.update)(grads, state, params)
+  reference = oj.optim.muon(0.02, views=views)
+  expected, _ = reference.update(grads, reference.init(params), params)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=2e-5, atol=2e-6),
+               updates, expected)
