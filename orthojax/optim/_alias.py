@@ -7,6 +7,7 @@ from typing import Any
 import optax
 
 from orthojax.manifolds import Manifold, Stiefel
+from orthojax.optim._checks import check_rate
 from orthojax.optim._fused import fused_stiefel_adam, supports_fused
 from orthojax.optim._fused_momentum import fused_stiefel_momentum
 from orthojax.optim._riemannian import (project_to_tangent, retract, riemannian_momentum,
@@ -45,6 +46,7 @@ def rsgd(
   structure) is computed by :func:`orthojax.optim.fused_stiefel_momentum`, which
   needs half the matrix products for heavy ball.
   """
+  check_rate("rsgd", learning_rate)
   manifold = _default(manifold)
   if momentum and supports_fused(manifold):
     return fused_stiefel_momentum(learning_rate, manifold, momentum, nesterov, views=views,
@@ -82,6 +84,7 @@ def radam(
   by :func:`orthojax.optim.fused_stiefel_adam`, which needs fewer matrix
   products; the chain is used for every other manifold.
   """
+  check_rate("radam", learning_rate)
   manifold = _default(manifold)
   if supports_fused(manifold, nesterov):
     return fused_stiefel_adam(learning_rate, manifold, b1=b1, b2=b2, eps=eps,
@@ -118,6 +121,7 @@ def projected_gradient(
     views: per-leaf matrix views.
   """
   if not isinstance(optimizer, optax.GradientTransformation):
+    check_rate("projected_gradient", optimizer, "optimizer")
     optimizer = optax.sgd(optimizer)
   manifold = Stiefel("polar") if manifold is None else manifold
   return optax.chain(optimizer, retract(manifold, views))

@@ -49,6 +49,7 @@ import optax
 from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import cayley_generator, polish, reorthonormalize_newton_schulz
+from orthojax.optim._checks import check_rate
 from orthojax.optim._keeps import retracting
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
@@ -146,6 +147,7 @@ def cayley_sgd(
   Returns:
     An ``optax.GradientTransformation`` taking Euclidean gradients.
   """
+  check_rate("cayley_sgd", learning_rate)
   return _cayley_optimizer(learning_rate, False, momentum, 0.0, 0.0, q, iterations, eps,
                            reorthonormalize_every, views, "cayley_sgd")
 
@@ -174,5 +176,6 @@ def cayley_adam(
   Returns:
     An ``optax.GradientTransformation`` taking Euclidean gradients.
   """
+  check_rate("cayley_adam", learning_rate)
   return _cayley_optimizer(learning_rate, True, 0.0, b1, b2, q, iterations, eps,
                            reorthonormalize_every, views, "cayley_adam")

@@ -74,6 +74,7 @@ import optax
 
 from orthojax import linalg
 from orthojax.manifolds import Stiefel, polish
+from orthojax.optim._checks import check_rate
 from orthojax.optim._keeps import retracting
 from orthojax.optim._riemannian import (RetractState, ScaleByRiemannianAdamState,
                                          _SECOND_MOMENTS, _require_params, project_to_tangent,
@@ -183,6 +184,7 @@ def fused_stiefel_adam(
     is the chain's ``(EmptyState, ScaleByRiemannianAdamState, <learning-rate
     state>, RetractState)``.
   """
+  check_rate("fused_stiefel_adam", learning_rate)
   if not supports_fused(manifold, nesterov):
     raise ValueError(f"fused_stiefel_adam: needs Stiefel(metric='euclidean'), got {manifold!r}")
   if second_moment not in _SECOND_MOMENTS:

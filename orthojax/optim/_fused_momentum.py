@@ -39,6 +39,7 @@ import optax
 
 from orthojax import linalg
 from orthojax.manifolds import Stiefel
+from orthojax.optim._checks import check_rate
 from orthojax.optim._fused import retract_tall, supports_fused
 from orthojax.optim._keeps import retracting
 from orthojax.optim._riemannian import (RetractState, RiemannianMomentumState, _require_params,
@@ -77,6 +78,7 @@ def fused_stiefel_momentum(
     the chain's ``(EmptyState, RiemannianMomentumState, <learning-rate state>,
     RetractState)``.
   """
+  check_rate("fused_stiefel_momentum", learning_rate)
   if not supports_fused(manifold):
     raise ValueError(f"fused_stiefel_momentum: needs Stiefel(metric='euclidean'), "
                      f"got {manifold!r}")

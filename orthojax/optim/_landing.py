@@ -58,6 +58,7 @@ import optax
 from orthojax import linalg
 from orthojax.linalg import map_views
 from orthojax.manifolds import polish
+from orthojax.optim._checks import check_rate
 from orthojax.optim._keeps import retracting
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
@@ -109,6 +110,7 @@ def landing(
     An ``optax.GradientTransformation`` taking Euclidean gradients and
     returning ``-eta * Lambda(X)``.
   """
+  check_rate("landing", learning_rate)
   if not 0.0 < eps < 1.0:
     raise ValueError(f"landing: eps must be in (0, 1), got {eps}")
   if lam <= 0:

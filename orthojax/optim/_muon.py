@@ -24,6 +24,7 @@ from optax.contrib import MuonDimensionNumbers
 from orthojax import linalg
 from orthojax.linalg import leaf_names, views_for
 from orthojax.manifolds import Stiefel
+from orthojax.optim._checks import check_rate
 from orthojax.optim._riemannian import retract
 from orthojax.optim._sharded import owner_sharded
 
@@ -91,6 +92,7 @@ def muon(learning_rate: optax.ScalarOrSchedule, *, views: Any = None,
     views: per-leaf views (see :func:`muon_dimension_numbers`).
     **kwargs: any other ``optax.contrib.muon`` argument.
   """
+  check_rate("muon", learning_rate)
   if "muon_weight_dimension_numbers" in kwargs:
     raise ValueError("muon: pass views=..., not muon_weight_dimension_numbers (derived from them)")
   if "ns_coeffs" in kwargs:
@@ -123,6 +125,7 @@ def stiefel_muon(
     retraction_steps: cubic Newton–Schulz steps of the retraction.
     views: per-leaf matrix views.
   """
+  check_rate("stiefel_muon", learning_rate)
   def dims(params):
     leaves, treedef = jax.tree_util.tree_flatten(params)
     names = leaf_names(params)

@@ -10,6 +10,7 @@ import optax
 
 from orthojax import linalg
 from orthojax import penalties
+from orthojax.optim._checks import check_rate
 from orthojax.optim._scope import scoped
 
 
@@ -114,6 +115,7 @@ def add_orthogonality_penalty(
     kwargs["iterations"] = int(iterations)
   elif iterations != 2:
     raise ValueError(f"iterations={iterations!r} only applies to kind='srip', got kind={kind!r}")
+  check_rate("add_orthogonality_penalty", strength, "strength", allow_zero=True)
   scheduled = callable(strength)
 
   def init_fn(params):

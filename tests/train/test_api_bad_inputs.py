@@ -166,6 +166,21 @@ LIBRARY_CASES = [
         1e-3, muon_weight_dimension_numbers=None), ValueError, "muon: pass views=..."),
     ("newton_schulz steps", lambda: oj.linalg.newton_schulz(np.eye(3), steps=0), ValueError,
      "newton_schulz: steps must be >= 1, got 0"),
+    ("radam ascending", lambda: oj.optim.radam(-1e-2, oj.manifolds.Stiefel()), ValueError,
+     "radam: learning_rate=-0.01 must be a finite number above 0 (a negative learning rate "
+     "would ascend the loss)"),
+    ("muon at rate 0", lambda: oj.optim.muon(0.0), ValueError,
+     "muon: learning_rate=0.0 must be a finite number above 0"),
+    ("stiefel_muon at nan", lambda: oj.optim.stiefel_muon(float("nan")), ValueError,
+     "stiefel_muon: learning_rate=nan must be a finite number above 0"),
+    ("cayley_sgd ascending", lambda: oj.optim.cayley_sgd(-1.0), ValueError,
+     "cayley_sgd: learning_rate=-1.0 must be"),
+    ("landing with a string rate", lambda: oj.optim.landing("fast"), ValueError,
+     "landing: learning_rate='fast'; pass a positive number or an optax schedule"),
+    ("penalty rewarding non-orthogonality", lambda: oj.optim.add_orthogonality_penalty(
+        "so", -1.0), ValueError,
+     "add_orthogonality_penalty: strength=-1.0 must be a finite number at least 0 (a "
+     "negative strength would reward what the penalty measures)"),
 ]
 
 
