@@ -15,7 +15,7 @@ CONV = oj.linalg.MatrixView.conv(2)
 STACK = oj.linalg.MatrixView.stacked()
 
 # ResNet-18's kernel shapes in miniature (repeated 3 × 3 kernels, a 1 × 1 projection, a
-# stem), a Dense head and a scanned stack: 11 leaves in 6 buckets.
+# stem), a Dense head and a scanned stack: 11 leaves in 7 buckets.
 SHAPES = {"stem": (3, 3, 3, 8), "a1": (3, 3, 8, 8), "a2": (3, 3, 8, 8), "a3": (3, 3, 8, 8),
           "b1": (3, 3, 8, 16), "proj": (1, 1, 8, 16), "b2": (3, 3, 16, 16),
           "b3": (3, 3, 16, 16), "head": (16, 10), "head2": (16, 10), "stack": (4, 12, 12)}
