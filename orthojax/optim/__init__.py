@@ -25,6 +25,7 @@ from orthojax.optim._landing import LandingState
 from orthojax.optim._landing import landing
 from orthojax.optim._muon import muon
 from orthojax.optim._muon import muon_dimension_numbers
+from orthojax.optim._muon import scale_by_muon
 from orthojax.optim._muon import stiefel_muon
 from orthojax.optim._muon import to_muon
 from orthojax.optim._partition import partition

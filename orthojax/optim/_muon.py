@@ -5,7 +5,9 @@
 its Adam branch *silently*. :func:`muon_dimension_numbers` derives those
 numbers from orthojax's matrix view instead (Dense and conv kernels inferred,
 stacks from explicit views), and raises for a leaf whose layout is ambiguous
-rather than guess. :func:`muon` is ``optax.contrib.muon`` with them filled in.
+rather than guess. :func:`muon` is ``optax.contrib.muon`` with them filled in,
+and with the leaves that share a matrix shape orthogonalized together
+(:func:`scale_by_muon`: one batched program per bucket, not one per leaf).
 
 :func:`stiefel_muon` keeps weights *on* the Stiefel manifold: the Muon
 direction (Newton–Schulz-orthogonalized momentum, an ambient step) followed by
@@ -15,6 +17,7 @@ matmuls only.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -22,11 +25,15 @@ import optax
 from optax.contrib import MuonDimensionNumbers
 
 from orthojax import linalg
-from orthojax.linalg import leaf_names, views_for
+from orthojax.linalg import leaf_names, map_views, unzip, views_for
 from orthojax.manifolds import Stiefel
 from orthojax.optim._checks import check_rate
 from orthojax.optim._riemannian import retract
 from orthojax.optim._sharded import owner_sharded
+
+
+_QUINTIC = (3.4445, -4.7750, 2.0315)   # optax.contrib.muon's default (Jordan's quintic)
+_FROM_VIEWS = "from views"
 
 
 def to_muon(view: Any) -> MuonDimensionNumbers:
@@ -59,17 +66,20 @@ def _dims(leaves, names, views):
 
 
 def ns_schedule(ns_coeffs: Any, ns_steps: int) -> Any:
-  """``ns_coeffs`` as ``optax.contrib.muon`` takes it: an orthojax preset name that optax
-  does not know (:data:`orthojax.linalg.NS_PRESETS`, e.g. ``"polar_express"``) becomes its
-  first ``ns_steps`` per-step triples (the last one repeated where the preset is shorter);
-  anything else is passed through unchanged.
+  """``ns_coeffs`` as ``optax.contrib.scale_by_muon`` takes it: a preset name becomes its
+  triples — optax's own names (``"standard"``, ``"dion"``) as ``optax.contrib.muon``
+  resolves them, and orthojax's (:data:`orthojax.linalg.NS_PRESETS`, e.g.
+  ``"polar_express"``) as their first ``ns_steps`` per-step triples (the last one
+  repeated where the preset is shorter); anything else is passed through unchanged.
 
   Raises:
     ValueError: an unknown preset name, listing both libraries' names.
   """
   optax_presets = getattr(optax.contrib._muon, "_NS_COEFFS_PRESET_DICT", {})  # pylint: disable=protected-access
-  if not isinstance(ns_coeffs, str) or ns_coeffs in optax_presets:
+  if not isinstance(ns_coeffs, str):
     return ns_coeffs
+  if ns_coeffs in optax_presets:
+    return optax_presets[ns_coeffs]
   if ns_coeffs not in linalg.NS_PRESETS:
     raise ValueError(f"muon: unknown ns_coeffs={ns_coeffs!r}; choose one of "
                      f"{sorted(set(optax_presets) | set(linalg.NS_PRESETS))} or give "
@@ -78,29 +88,162 @@ def ns_schedule(ns_coeffs: Any, ns_steps: int) -> Any:
   return tuple(coeffs[min(i, len(coeffs) - 1)] for i in range(int(ns_steps)))
 
 
-@owner_sharded
-def muon(learning_rate: optax.ScalarOrSchedule, *, views: Any = None,
-         **kwargs: Any) -> optax.GradientTransformation:
-  """``optax.contrib.muon`` with dimension numbers derived from the matrix view.
+def scale_by_muon(
+    *,
+    views: Any = None,
+    ns_coeffs: Any = _QUINTIC,
+    ns_steps: int = 5,
+    beta: float = 0.95,
+    eps: float = 1e-8,
+    mu_dtype: Any = None,
+    nesterov: bool = True,
+    adaptive: bool = False,
+    preconditioning: str = "frobenius",
+) -> optax.GradientTransformation:
+  """``optax.contrib.scale_by_muon``, one batched program per same-shape bucket.
 
-  ``ns_coeffs`` also takes orthojax's Newton–Schulz presets by name
-  (``ns_schedule`` below): ``muon(lr, ns_coeffs="polar_express")`` runs the Polar Express
-  schedule (Amsel, Persson, Musco & Gower 2025, Algorithm 1) for ``ns_steps`` steps.
+  The momentum, its Nesterov look-ahead and the Newton–Schulz orthogonalization are
+  optax's own (``optax.contrib.scale_by_muon``, called on each bucket); what differs is
+  how they run over many leaves: leaves whose matrix views share shape, dtype and view
+  are stacked (:func:`orthojax.linalg.map_views` with ``bucket=True``) and orthogonalized
+  by one batched chain of kernels, where optax runs one chain per leaf (a GPU launch
+  cost per leaf; Jordan's Muon and Dion batch them the same way). The state is optax's
+  ``MuonState`` with its momentum per leaf, so the two are interchangeable, and the
+  results equal optax's to rounding (batched products). ``oj.linalg.bucketing(False)``
+  runs leaf by leaf.
 
   Args:
-    learning_rate: as ``optax.contrib.muon``.
+    views: per-leaf matrix views (:func:`muon_dimension_numbers`); a leaf whose
+      view is ``False`` passes through unchanged.
+    ns_coeffs, ns_steps, beta, eps, mu_dtype, nesterov, adaptive, preconditioning:
+      as ``optax.contrib.scale_by_muon`` (``ns_coeffs`` also takes orthojax's preset
+      names, :func:`ns_schedule`).
+  """
+  options = dict(ns_coeffs=ns_schedule(ns_coeffs, ns_steps), ns_steps=ns_steps, beta=beta,
+                 eps=eps, mu_dtype=mu_dtype, nesterov=nesterov, adaptive=adaptive,
+                 preconditioning=preconditioning)
+  per_leaf = optax.contrib.scale_by_muon(**options)
+
+  def update_fn(updates, state, params=None):
+    del params
+
+    def bucket(g, mu, *, view):
+      dims = to_muon(view)
+      out, new = optax.contrib.scale_by_muon(**options, weight_dimension_numbers=dims).update(
+          g, state._replace(mu=mu))
+      return out, new.mu
+
+    pairs = map_views(bucket, updates, state.mu, views=_map_views_views(views),
+                      default=lambda g, mu: (g, mu), bucket=True)
+    new_updates, mu = unzip(pairs, updates)
+    return new_updates, state._replace(count=optax.safe_increment(state.count), mu=mu)
+
+  return optax.GradientTransformation(per_leaf.init, update_fn)
+
+
+def _map_views_views(views: Any) -> Any:
+  """:func:`muon_dimension_numbers` as ``map_views`` reads views: a leaf that Muon does
+  not orthogonalize (None there) is ``False`` (passed through), not "infer"."""
+  def resolve(tree):
+    dims = muon_dimension_numbers(tree, views)
+    return jax.tree.map(lambda d: False if d is None else d, dims,
+                        is_leaf=lambda d: d is None or isinstance(d, MuonDimensionNumbers))
+  return resolve
+
+
+def scale_by_shape(*, views: Any = None,
+                   consistent_rms: float | None = None) -> optax.GradientTransformation:
+  r"""Muon's per-matrix update scale, from the matrix view (``optax.contrib.muon``'s).
+
+  ``sqrt(max(1, fan_out / fan_in))`` (Jordan's width transfer) or, with
+  ``consistent_rms``, ``sqrt(max(fan_in, fan_out)) · consistent_rms`` (Liu et al.,
+  "Muon is scalable for LLM training", arXiv:2502.16982, eq. 4: the update's RMS
+  matches AdamW's). A leaf whose view is ``False`` passes through.
+  """
+  def scale(u, *, view):
+    lo = linalg.layout(u.shape, view)
+    if consistent_rms is None:
+      factor = math.sqrt(max(1.0, lo.fan_out / lo.fan_in))
+    else:
+      factor = math.sqrt(max(lo.fan_in, lo.fan_out)) * consistent_rms
+    return factor * u
+
+  def update_fn(updates, state, params=None):
+    del params
+    return map_views(scale, updates, views=_map_views_views(views)), state
+
+  return optax.GradientTransformation(optax.init_empty_state, update_fn)
+
+
+@owner_sharded
+def muon(
+    learning_rate: optax.ScalarOrSchedule,
+    ns_coeffs: Any = _QUINTIC,
+    ns_steps: int = 5,
+    beta: float = 0.95,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    weight_decay_mask: Any = None,
+    mu_dtype: Any = None,
+    *,
+    nesterov: bool = True,
+    adaptive: bool = False,
+    preconditioning: str = "frobenius",
+    adam_b1: float = 0.9,
+    adam_b2: float = 0.999,
+    adam_eps_root: float = 0.0,
+    adam_weight_decay: float = 0.0,
+    adam_learning_rate: optax.ScalarOrSchedule | None = None,
+    consistent_rms: float | None = None,
+    views: Any = None,
+    muon_weight_dimension_numbers: Any = _FROM_VIEWS,
+) -> optax.GradientTransformation:
+  """``optax.contrib.muon`` with dimension numbers from the matrix view, bucketed.
+
+  The same partition as ``optax.contrib.muon`` — Muon (momentum, Newton–Schulz,
+  the shape scale, decoupled weight decay, the rate) on the leaves with a matrix
+  view, AdamW on the rest — with the same arguments, defaults and state, so
+  it equals optax's to rounding. Two differences: the dimension numbers come
+  from ``views`` (:func:`muon_dimension_numbers`; conv kernels inferred, stacks
+  from their views), and same-shape matrices are orthogonalized together
+  (:func:`scale_by_muon`). ``ns_coeffs`` also takes orthojax's Newton–Schulz
+  presets by name (:func:`ns_schedule`): ``muon(lr, ns_coeffs="polar_express")``
+  runs the Polar Express schedule (Amsel, Persson, Musco & Gower 2025,
+  Algorithm 1) for ``ns_steps`` steps.
+
+  Args:
+    learning_rate: Muon's rate, a float or an Optax schedule.
+    ns_coeffs, ns_steps, beta, eps, weight_decay, weight_decay_mask, mu_dtype,
+      nesterov, adaptive, preconditioning, adam_b1, adam_b2, adam_eps_root,
+      adam_weight_decay, adam_learning_rate, consistent_rms: as
+      ``optax.contrib.muon``.
     views: per-leaf views (see :func:`muon_dimension_numbers`).
-    **kwargs: any other ``optax.contrib.muon`` argument.
+    muon_weight_dimension_numbers: not taken: they are derived from ``views``.
   """
   check_rate("muon", learning_rate)
-  if "muon_weight_dimension_numbers" in kwargs:
+  if muon_weight_dimension_numbers is not _FROM_VIEWS:
     raise ValueError("muon: pass views=..., not muon_weight_dimension_numbers (derived from them)")
-  if "ns_coeffs" in kwargs:
-    kwargs["ns_coeffs"] = ns_schedule(kwargs["ns_coeffs"], kwargs.get("ns_steps", 5))
-  return optax.contrib.muon(
-      learning_rate,
-      muon_weight_dimension_numbers=lambda params: muon_dimension_numbers(params, views),
-      **kwargs)
+  if adam_learning_rate is not None:
+    check_rate("muon", adam_learning_rate, "adam_learning_rate")
+
+  def labels(params):
+    dims = muon_dimension_numbers(params, views)
+    return jax.tree.map(lambda d: "adam" if d is None else "muon", dims,
+                        is_leaf=lambda d: d is None or isinstance(d, MuonDimensionNumbers))
+
+  return optax.partition(
+      {"muon": optax.chain(
+          scale_by_muon(views=views, ns_coeffs=ns_coeffs, ns_steps=ns_steps, beta=beta,
+                        eps=eps, mu_dtype=mu_dtype, nesterov=nesterov, adaptive=adaptive,
+                        preconditioning=preconditioning),
+          scale_by_shape(views=views, consistent_rms=consistent_rms),
+          optax.add_decayed_weights(weight_decay, weight_decay_mask),
+          optax.scale_by_learning_rate(learning_rate)),
+       "adam": optax.adamw(
+           learning_rate=learning_rate if adam_learning_rate is None else adam_learning_rate,
+           b1=adam_b1, b2=adam_b2, eps=eps, eps_root=adam_eps_root,
+           weight_decay=adam_weight_decay, mu_dtype=mu_dtype, nesterov=nesterov)},
+      labels)
 
 
 @owner_sharded
@@ -137,8 +280,7 @@ def stiefel_muon(
     return treedef.unflatten(flat)
 
   return optax.chain(
-      optax.contrib.scale_by_muon(ns_steps=ns_steps, beta=beta, nesterov=nesterov,
-                                  weight_dimension_numbers=dims),
+      scale_by_muon(ns_steps=ns_steps, beta=beta, nesterov=nesterov, views=dims),
       optax.scale_by_learning_rate(learning_rate),
       retract(Stiefel("newton_schulz", ns_steps=retraction_steps), views),
   )

@@ -46,6 +46,9 @@ OPTIMIZERS = {
     "cayley_adam": lambda: oj.optim.cayley_adam(1e-2, views=VIEWS),
     "landing": lambda: oj.optim.landing(1e-2, views=VIEWS),
     "projected_gradient": lambda: oj.optim.projected_gradient(1e-2, STIEFEL, views=VIEWS),
+    "muon": lambda: oj.optim.muon(1e-2, views=VIEWS),
+    "muon_polar_express": lambda: oj.optim.muon(1e-2, ns_coeffs="polar_express", views=VIEWS),
+    "stiefel_muon": lambda: oj.optim.stiefel_muon(1e-2, views=VIEWS),
 }
 
 
@@ -94,13 +97,14 @@ def _primitives(make, params, grads):
   return counts
 
 
-def test_one_chain_of_products_per_bucket_not_per_leaf():
+@pytest.mark.parametrize("name", ["radam_qr", "muon", "stiefel_muon"])
+def test_one_chain_of_products_per_bucket_not_per_leaf(name):
   """11 leaves in 7 buckets (stem, a × 3, b1, proj, b × 2, head × 2, stack): the traced
   update holds the stacking and the per-bucket products, far fewer than per leaf."""
   params, grads = _tree(jax.random.PRNGKey(1), STIEFEL)
-  bucketed = _primitives(OPTIMIZERS["radam_qr"], params, grads)
+  bucketed = _primitives(OPTIMIZERS[name], params, grads)
   with oj.linalg.bucketing(False):
-    per_leaf = _primitives(OPTIMIZERS["radam_qr"], params, grads)
+    per_leaf = _primitives(OPTIMIZERS[name], params, grads)
   assert "stack" not in per_leaf and bucketed["stack"] > 0
   assert bucketed["dot_general"] * 11 <= per_leaf["dot_general"] * 7 + 11 * 11
 

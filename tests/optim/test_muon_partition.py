@@ -310,3 +310,18 @@ def test_partition_errors():
     oj.optim.partition(_labels_fn)
   with pytest.raises(TypeError, match="stiefel"):
     oj.optim.partition(_labels_fn, stiefel="rsgd")
+
+
+def test_muon_takes_injected_hyperparameters():
+  """``optax.inject_hyperparams`` reads the constructor's named arguments: the rate
+  becomes state a schedule-free loop can change, and the step is the plain one's."""
+  params = {"w": jnp.ones((4, 3)), "b": jnp.ones(3)}
+  grads = {"w": jnp.arange(12.0).reshape(4, 3) / 10, "b": jnp.ones(3)}
+  injected = optax.inject_hyperparams(oj.optim.muon)(learning_rate=0.01)
+  state = injected.init(params)
+  assert float(state.hyperparams["learning_rate"]) == pytest.approx(0.01)
+  ours, _ = injected.update(grads, state, params)
+  plain, _ = oj.optim.muon(0.01).update(grads, oj.optim.muon(0.01).init(params), params)
+  # (float32 hyperparameters in the state, not Python floats folded in: rounding apart)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(
+      a, b, rtol=0, atol=2e-5 * np.abs(b).max()), ours, plain)
