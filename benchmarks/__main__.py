@@ -40,6 +40,7 @@ SUITES: list[tuple[str, str]] = [
     ("scale", "benchmarks.scale_bench"),
     ("peers", "benchmarks.peers_bench"),
     ("loaded", "benchmarks.loaded_bench"),
+    ("launches", "benchmarks.launches_bench"),
 ]
 
 

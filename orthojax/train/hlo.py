@@ -246,6 +246,37 @@ class Module:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+  def kernels(self, scope: str | None = None) -> dict[str, int]:
+    """Kernels launched per step, by kind: each top-level instruction that runs as a
+    kernel (a fusion, a library call — gemm, Cholesky, triangular solve, a custom
+    call —, a collective, a copy, an unfused op), times how often its computation
+    runs (a loop body its trip count). Instructions inside a fusion are one kernel
+    with it; control flow, tuples, parameters and bitcasts launch nothing. With
+    ``scope`` (e.g. ``"optimizer"``), only those whose ``op_name`` lies in it.
+
+    Kinds: ``"fusion"``, ``"gemm"`` (``dot`` or a cuBLAS custom call),
+    ``"custom-call:<target>"``, else the op (``"cholesky"``, ``"copy"``, …). On a GPU
+    each is one launch (at least); the count is what a step's fixed cost scales with.
+    """
+    fused = set()
+    for body in self.computations.values():
+      for ins in body:
+        for kind, callees in _CALLEE.findall(ins.rest):
+          if ins.op == "fusion" or kind == "to_apply":
+            fused.update(_OPERAND.findall(callees))
+    out: dict[str, int] = collections.defaultdict(int)
+    for name, body in self.computations.items():
+      count = self.runs.get(name, 0)
+      if not count or name in fused:
+        continue
+      for ins in body:
+        if ins.op in _NO_TRAFFIC or ins.op.endswith("-done"):
+          continue
+        if scope is not None and not (_scope(ins.rest, 99) + "/").startswith(scope + "/"):
+          continue
+        out[_kernel_kind(ins)] += count
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
   def _traffic(self, ins: Instruction, types: dict[str, str]) -> int:
     """Bytes one top-level instruction reads and writes. Slices read only the slice
     and an in-place ``dynamic-update-slice`` writes only the update — inside a
@@ -463,6 +494,15 @@ def _convolution_flops(ins: Instruction, types: dict[str, str], operands: list[s
   batch = out_shape[out_labels.index("b")] if "b" in out_labels else 1
   return (2.0 * batch * out_shape[out_labels.index("f")] * rhs_shape[rhs_labels.index("i")]
           * taps)
+
+
+def _kernel_kind(ins: Instruction) -> str:
+  target = _custom_call_target(ins)
+  if ins.op == "dot" or (target and ("gemm" in target.lower() or "matmul" in target.lower())):
+    return "gemm"
+  if target:
+    return f"custom-call:{target}"
+  return ins.op[:-len("-start")] if ins.op.endswith("-start") else ins.op
 
 
 def _custom_call_target(ins: Instruction) -> str | None:

@@ -1,0 +1,164 @@
+"""Kernels an orthogonal update launches per step, read from the compiled executable.
+
+On one accelerator an update's fixed cost per step is its kernel launches: a chain of
+small kernels per matrix (ResNet-50's 53 conv kernels, 20 shapes). This suite needs no
+GPU: it compiles each training step — locally for the CPU and, where jax's CUDA plugin
+is installed (``pip install -e ".[gpu-compile]"``), for one abstract H100 of
+``h100:1x1x8`` — and counts the kernels (fusions, gemms, Cholesky and triangular-solve
+calls, other custom calls, copies) whose ``op_name`` lies in the step's ``optimizer``
+scope (:meth:`orthojax.train.hlo.Module.kernels`; a loop body counted per trip).
+
+Cases (conv kernels on the orthogonal optimizer, the rest SGD momentum, as the
+``resnet_optim`` suite):
+
+* ResNet-50, batch 32, 224 × 224 (``--quick``: ResNet-18, batch 2, 64 × 64): ``sgd``;
+  ``radam`` (iterative Cayley), ``radam_qr`` (CholeskyQR2) and ``muon``, each traced
+  per leaf (``oj.linalg.bucketing(False)``, "before") and bucketed ("after");
+* E5's scanned 200 × 400 tanh stack (``--quick``: 50 × 128) on ``radam_qr``: one leaf,
+  so both traces are the same program.
+
+Rows: kernels after, the ratio after / before (target ≤ 1/2.5 for ResNet's radam and
+muon), and the compile time of each orthogonal step over the SGD step's (target ≤ 2×;
+compile times are wall times on this machine's load). On the CPU a batched LAPACK call
+runs as a loop over the batch, so Cholesky and triangular-solve calls do not shrink
+there; on a GPU they are one batched call.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import jax
+import optax
+from flax import nnx
+
+import orthojax as oj
+from benchmarks._harness import Row
+from benchmarks._harness import Target
+from benchmarks._harness import row
+from benchmarks.resnet_optim_bench import conv_labels
+from orthojax import models
+from orthojax.train import hlo
+from orthojax.train import topology as topology_lib
+
+SUITE = "launches"
+FEWER = Target("<=", 1 / 2.5)
+COMPILE = Target("<=", 2.0)
+GPU = "h100:1x1x8"
+
+
+def _resnet_optimizers() -> dict[str, optax.GradientTransformation]:
+  sgd = lambda: optax.sgd(0.1, momentum=0.9)
+  cayley = oj.manifolds.Stiefel("cayley", cayley_iterations=2)
+  conv = {"radam": oj.optim.radam(1e-3, cayley, reorthonormalize_every=100),
+          "radam_qr": oj.optim.radam(1e-3, oj.manifolds.Stiefel("qr")),
+          "muon": oj.optim.muon(0.02)}
+  return {"sgd": sgd(), **{name: oj.optim.partition(conv_labels, sgd=sgd(), conv=tx)
+                           for name, tx in conv.items()}}
+
+
+def _train_step(graphdef: Any, tx: optax.GradientTransformation, bucketed: bool) -> Callable:
+  def step(params, rest, opt_state, x, y):
+    def loss_fn(params):
+      model = nnx.merge(graphdef, params, rest, copy=True)
+      loss = optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+      return loss, nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
+
+    (loss, new_rest), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    with jax.named_scope("optimizer"), oj.linalg.bucketing(bucketed):
+      updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), new_rest, opt_state, loss
+
+  return step
+
+
+def _compile(step: Callable, args: tuple, device: Any) -> tuple[hlo.Module, float]:
+  """``step`` compiled for ``device`` (None: this machine's first device): its module
+  and compile seconds."""
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+  if device is not None:
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    jitted = jax.jit(step, in_shardings=sharding, out_shardings=sharding)
+  else:
+    jitted = jax.jit(step)
+  start = time.perf_counter()
+  compiled = jitted.lower(*abstract).compile()
+  seconds = time.perf_counter() - start
+  return hlo.Module.from_text(compiled.as_text(), branches="cheapest"), seconds
+
+
+def _gpu_device() -> Any | None:
+  try:
+    return topology_lib.Topology.parse(GPU).devices()[0]
+  except Exception:   # no CUDA plugin here: the CPU rows only
+    return None
+
+
+def _resnet_rows(quick: bool, target: str, device: Any) -> list[Row]:
+  depth, batch, size = (18, 2, 64) if quick else (50, 32, 224)
+  model = models.ResNet(depth, "bn", num_classes=1000, rngs=nnx.Rngs(0))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+  x = jax.numpy.zeros((batch, size, size, 3))
+  y = jax.numpy.zeros((batch,), jax.numpy.int32)
+  config = f"ResNet-{depth}, batch {batch}, {target}"
+  rows, compile_s = [], {}
+  for name, tx in _resnet_optimizers().items():
+    args = (params, rest, tx.init(params), x, y)
+    counts = {}
+    for bucketed in ((True,) if name == "sgd" else (False, True)):
+      module, seconds = _compile(_train_step(graphdef, tx, bucketed), args, device)
+      counts[bucketed] = sum(module.kernels("optimizer").values())
+      compile_s[name] = seconds
+    if name == "sgd":
+      rows.append(row(SUITE, f"sgd update kernels, {config}", counts[True], "kernels",
+                      note=f"compile {compile_s['sgd']:.1f} s"))
+      continue
+    rows.append(row(SUITE, f"{name} update kernels bucketed / per leaf, {config}",
+                    counts[True] / counts[False], "x", FEWER,
+                    f"{counts[True]} vs {counts[False]} kernels per step"))
+    rows.append(row(SUITE, f"{name} / sgd compile time, {config}",
+                    compile_s[name] / compile_s["sgd"], "x", COMPILE,
+                    f"{compile_s[name]:.1f} s vs {compile_s['sgd']:.1f} s"))
+  return rows
+
+
+def _e5_rows(quick: bool, target: str, device: Any) -> list[Row]:
+  depth, width, batch = (50, 128, 64) if quick else (200, 400, 256)
+  model = models.DeepMLP(784, depth, width, 10, q_star=0.5, init="orthogonal",
+                         weights="stiefel", rngs=nnx.Rngs(0))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+  views = nnx.to_pure_dict(oj.nn.matrix_views(model))
+  labels = jax.tree.map(lambda v: "adam" if v is False else "stiefel", views,
+                        is_leaf=lambda v: not isinstance(v, dict))
+  txs = {"adam": optax.adam(1e-3),
+         "radam_qr": oj.optim.partition(labels, adam=optax.adam(1e-3),
+                                        stiefel=oj.optim.radam(1e-3, oj.manifolds.Stiefel("qr"),
+                                                               views=views))}
+  x = jax.numpy.zeros((batch, 784))
+  y = jax.numpy.zeros((batch,), jax.numpy.int32)
+  config = f"E5 {depth} × {width} tanh, batch {batch}, {target}"
+  found = {}
+  for name, tx in txs.items():
+    module, seconds = _compile(_train_step(graphdef, tx, True), (params, rest, tx.init(params),
+                                                                 x, y), device)
+    found[name] = (sum(module.kernels("optimizer").values()), seconds)
+  return [row(SUITE, f"radam_qr update kernels, {config}", found["radam_qr"][0], "kernels",
+              note=f"adam: {found['adam'][0]}"),
+          row(SUITE, f"radam_qr / adam compile time, {config}",
+              found["radam_qr"][1] / found["adam"][1], "x", COMPILE,
+              f"{found['radam_qr'][1]:.1f} s vs {found['adam'][1]:.1f} s")]
+
+
+def run(quick: bool = False) -> list[Row]:
+  targets = [("cpu", None)]
+  device = _gpu_device()
+  if device is not None:
+    targets.append((GPU + " (one GPU, deviceless)", device))
+  rows = []
+  for target, dev in targets:
+    rows += _resnet_rows(quick, target, dev)
+    rows += _e5_rows(quick, target, dev)
+  return rows
