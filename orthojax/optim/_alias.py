@@ -12,7 +12,7 @@ from orthojax.optim._fused import fused_stiefel_adam, supports_fused
 from orthojax.optim._fused_momentum import fused_stiefel_momentum
 from orthojax.optim._riemannian import (project_to_tangent, retract, riemannian_momentum,
                                          scale_by_riemannian_adam)
-from orthojax.optim._sharded import owner_sharded
+from orthojax.optim.execution.context import owner_sharded
 
 
 def _default(manifold):

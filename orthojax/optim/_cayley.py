@@ -53,7 +53,7 @@ from orthojax.optim._checks import check_rate
 from orthojax.optim._keeps import retracting
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
-from orthojax.optim._sharded import owner_sharded
+from orthojax.optim.execution.context import owner_sharded
 
 
 class CayleyState(NamedTuple):

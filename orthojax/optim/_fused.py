@@ -80,7 +80,7 @@ from orthojax.optim._riemannian import (RetractState, ScaleByRiemannianAdamState
                                          _SECOND_MOMENTS, _require_params, project_to_tangent,
                                          retract, scale_by_riemannian_adam)
 from orthojax.optim._scope import scoped
-from orthojax.optim._sharded import owner_sharded
+from orthojax.optim.execution.context import owner_sharded
 
 
 def _sq(x):

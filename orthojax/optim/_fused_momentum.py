@@ -45,7 +45,7 @@ from orthojax.optim._keeps import retracting
 from orthojax.optim._riemannian import (RetractState, RiemannianMomentumState, _require_params,
                                          project_to_tangent, retract, riemannian_momentum)
 from orthojax.optim._scope import scoped
-from orthojax.optim._sharded import owner_sharded
+from orthojax.optim.execution.context import owner_sharded
 
 
 @owner_sharded

@@ -29,7 +29,7 @@ from orthojax.linalg import leaf_names, map_views, unzip, views_for
 from orthojax.manifolds import Stiefel
 from orthojax.optim._checks import check_rate
 from orthojax.optim._riemannian import retract
-from orthojax.optim._sharded import owner_sharded
+from orthojax.optim.execution.context import owner_sharded
 
 
 _QUINTIC = (3.4445, -4.7750, 2.0315)   # optax.contrib.muon's default (Jordan's quintic)

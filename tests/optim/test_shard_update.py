@@ -14,8 +14,7 @@ import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 import orthojax as oj
-from orthojax.optim import _owners
-from orthojax.optim import _sharded
+from orthojax.optim.execution import owners as _owners
 
 STACKED = oj.linalg.MatrixView.stacked()
 CONV = oj.linalg.MatrixView.conv(2)
@@ -199,7 +198,7 @@ def test_the_split_axis_keeps_the_views_reshape_in_blocks():
   params = {name: jax.ShapeDtypeStruct(shape, jnp.float32) for name, shape in
             {"proj": (1, 1, 16, 64), "k3": (3, 3, 16, 16), "odd": (3, 3, 12, 12),
              "tall": (64, 16)}.items()}
-  layout = _sharded.plan(oj.optim.muon(1e-2), params, num_owners=8, split_above=0.01)
+  layout = oj.optim.plan(oj.optim.muon(1e-2), params, num_owners=8, split_above=0.01)
   names = sorted(params)
   assert {names[s.index]: s.axis for s in layout.split} == {"proj": 3, "k3": 3, "tall": 0}
   assert layout.split_spec(names.index("k3")) == P(None, None, None, ("data", "fsdp"))
@@ -353,7 +352,7 @@ def test_striped_stacks_move_as_blocks_and_match_the_replicated_update():
   views = {"a": stack, "b": stack}
   tx = oj.optim.shard_update(oj.optim.muon(0.02, views=views), mesh, views=views,
                              stripe_stacks=True)
-  layout = _sharded.plan(oj.optim.muon(0.02, views=views), params, num_owners=8,
+  layout = oj.optim.plan(oj.optim.muon(0.02, views=views), params, num_owners=8,
                          views=views, stripe_stacks=True)
   assert dict(layout.striped) == {0: 1, 1: 2}
   state = jax.jit(tx.init)(params)

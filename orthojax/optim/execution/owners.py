@@ -1,9 +1,10 @@
-"""Who updates which matrix: the owner assignment of a sharded update.
+"""Who updates which matrix: the owners of a sharded update and their assignment.
 
-Pure Python over shapes (no arrays): :func:`assign_owners` splits the matrix
-parameters of a tree into *pieces* — a whole kernel, or a contiguous range of
-the first batch axis of a stack (a scanned stack counts as its layers) — and
-gives each piece to one of ``num_owners`` devices so that the most loaded
+The owners are the devices along a mesh's data-parallel axes (:func:`owner_axes`,
+:func:`num_owners`). Pure Python over shapes (no arrays): :func:`assign_owners`
+splits the matrix parameters of a tree into *pieces* — a whole kernel, or a
+contiguous range of the first batch axis of a stack (a scanned stack counts as
+its layers) — and gives each piece to one of ``num_owners`` devices so that the most loaded
 device carries as little of the update's cost as possible.
 
 Cost model: the orthogonalizing updates here (tangent projection, transport,
@@ -33,9 +34,32 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-from typing import Sequence
+from typing import Any, Sequence
+
+import numpy as np
 
 ELEMENTWISE_WEIGHT = 16
+DEFAULT_AXES = ("data", "fsdp")
+
+
+def owner_axes(mesh: Any, axes: Sequence[str] | None = None) -> tuple[str, ...]:
+  """The mesh axes owners run along: ``axes``, or those of ("data", "fsdp") the mesh has."""
+  names = tuple(mesh.axis_names)
+  if axes is None:
+    axes = tuple(a for a in DEFAULT_AXES if a in names)
+    if not axes:
+      raise ValueError(f"shard_update: the mesh has axes {names} and neither 'data' nor "
+                       f"'fsdp'; pass axes=(...) naming its data-parallel axes")
+  axes = tuple(axes)
+  missing = [a for a in axes if a not in names]
+  if missing:
+    raise ValueError(f"shard_update: axes {missing} are not axes of the mesh {names}")
+  return axes
+
+
+def num_owners(mesh: Any, axes: Sequence[str] | None = None) -> int:
+  """How many devices own matrices: the product of the owner axes' sizes."""
+  return int(np.prod([mesh.shape[a] for a in owner_axes(mesh, axes)]))
 
 
 def matrix_cost(n: int, p: int) -> int:
@@ -124,6 +148,23 @@ def assign_owners(leaves: Sequence[MatrixLeaf], num_owners: int, *,
   """
   if num_owners < 1:
     raise ValueError(f"num_owners must be >= 1, got {num_owners}")
+  owned, loads = _place_singles(leaves, num_owners)
+  stacks = [leaf for leaf in leaves if leaf.length > 1]
+  if stripe_stacks:
+    for leaf in stacks:
+      for owner, piece in _stripe_evenly(leaf, num_owners):
+        owned[owner].append(piece)
+    return tuple(tuple(sorted(pieces, key=lambda p: p.index)) for pieces in owned)
+  placed = _stripe(stacks[0], loads) if len(stacks) == 1 else _water_fill(stacks, loads)
+  for owner, piece in placed:
+    owned[owner].append(piece)
+  return tuple(tuple(sorted(pieces)) for pieces in owned)
+
+
+def _place_singles(leaves: Sequence[MatrixLeaf], num_owners: int
+                   ) -> tuple[list[list[Piece]], list[int]]:
+  """The single matrices, longest first, each to the least loaded owner (ties to the
+  highest index): the pieces and the load of each owner."""
   loads = [0] * num_owners
   owned: list[list[Piece]] = [[] for _ in range(num_owners)]
   singles = sorted((leaf for leaf in leaves if leaf.length == 1),
@@ -132,37 +173,41 @@ def assign_owners(leaves: Sequence[MatrixLeaf], num_owners: int, *,
     owner = min(range(num_owners), key=lambda j: (loads[j], -j))
     loads[owner] += leaf.matrix_cost
     owned[owner].append(Piece(leaf.index, 0, 1))
+  return owned, loads
 
-  stacks = [leaf for leaf in leaves if leaf.length > 1]
-  if stripe_stacks:
-    for leaf in stacks:
-      share = -(-leaf.length // num_owners)
-      for j in range(num_owners):
-        if j * share < leaf.length:
-          owned[j].append(Piece(leaf.index, j * share, min((j + 1) * share, leaf.length)))
-    return tuple(tuple(sorted(pieces, key=lambda p: p.index)) for pieces in owned)
+
+def _stripe_evenly(leaf: MatrixLeaf, num_owners: int) -> list[tuple[int, Piece]]:
+  """Owner ``j`` takes layers ``[j s, (j + 1) s)``, ``s = ⌈length / num_owners⌉``."""
+  share = -(-leaf.length // num_owners)
+  return [(j, Piece(leaf.index, j * share, min((j + 1) * share, leaf.length)))
+          for j in range(num_owners) if j * share < leaf.length]
+
+
+def _water_fill(stacks: Sequence[MatrixLeaf], loads: Sequence[int]) -> list[tuple[int, Piece]]:
+  """The stacks' layers, laid end to end, cut where the owners' room below the common
+  level adds up: ``(owner, piece)``, one contiguous run per owner and stack."""
   total = sum(leaf.matrix_cost * leaf.length for leaf in stacks)
-  if len(stacks) == 1:
-    for owner, piece in _stripe(stacks[0], loads):
-      loads[owner] += stacks[0].matrix_cost * piece.size
-      owned[owner].append(piece)
-  elif total:
-    level = _water_level(loads, total)
-    ends = list(itertools.accumulate(max(level - load, 0.0) for load in loads))
-    done = 0.0
-    for leaf in stacks:
-      runs: dict[int, list[int]] = {}
-      for i in range(leaf.length):
-        middle = done + leaf.matrix_cost / 2
-        owner = min(bisect.bisect_right(ends, middle), num_owners - 1)
-        while ends[owner] == (ends[owner - 1] if owner else 0.0) and owner > 0:
-          owner -= 1   # an owner above the level has an empty segment
-        runs.setdefault(owner, [i, i])[1] = i
-        done += leaf.matrix_cost
-      for owner, (first, last) in runs.items():
-        loads[owner] += leaf.matrix_cost * (last + 1 - first)
-        owned[owner].append(Piece(leaf.index, first, last + 1))
-  return tuple(tuple(sorted(pieces)) for pieces in owned)
+  if not total:
+    return []
+  level = _water_level(loads, total)
+  ends = list(itertools.accumulate(max(level - load, 0.0) for load in loads))
+  done, out = 0.0, []
+  for leaf in stacks:
+    runs: dict[int, list[int]] = {}
+    for i in range(leaf.length):
+      owner = _segment(ends, done + leaf.matrix_cost / 2)
+      runs.setdefault(owner, [i, i])[1] = i
+      done += leaf.matrix_cost
+    out += [(owner, Piece(leaf.index, first, last + 1)) for owner, (first, last) in runs.items()]
+  return out
+
+
+def _segment(ends: Sequence[float], position: float) -> int:
+  """The owner whose segment of the cumulative ``ends`` holds ``position``."""
+  owner = min(bisect.bisect_right(ends, position), len(ends) - 1)
+  while ends[owner] == (ends[owner - 1] if owner else 0.0) and owner > 0:
+    owner -= 1   # an owner above the level has an empty segment
+  return owner
 
 
 def split_matrices(leaves: Sequence[MatrixLeaf], num_owners: int,
