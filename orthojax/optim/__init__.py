@@ -7,26 +7,18 @@ Optimizers: :func:`rsgd`, :func:`radam`, :func:`projected_gradient`,
 :func:`stiefel_muon`; :func:`fused_stiefel_adam` and :func:`fused_stiefel_momentum` are
 ``radam``'s and ``rsgd``'s fused Stiefel paths. Regularisation: :func:`add_orthogonality_penalty`.
 Routing: :func:`partition` (:func:`keeps_manifold` tells which transformations keep
-a manifold leaf on its manifold). Pod scale: :func:`shard_update` (each matrix's update
+a manifold leaf on its manifold). :data:`OPTIMIZER_TABLE` lists the optimizers (name,
+constructor, manifolds, keeps-the-manifold) for ``partition``, the trainer's config and
+its checks. Pod scale: :func:`shard_update` (each matrix's update
 computed once, by its owner device), :func:`sharded_updates`,
 :func:`replicated_state` / :func:`sharded_state`.
 """
 
-from orthojax.optim._alias import projected_gradient
-from orthojax.optim._alias import radam
-from orthojax.optim._alias import rsgd
 from orthojax.optim._cayley import CayleyState
-from orthojax.optim._cayley import cayley_adam
-from orthojax.optim._cayley import cayley_sgd
-from orthojax.optim._fused import fused_stiefel_adam
-from orthojax.optim._fused_momentum import fused_stiefel_momentum
 from orthojax.optim._keeps import keeps_manifold
 from orthojax.optim._landing import LandingState
-from orthojax.optim._landing import landing
-from orthojax.optim._muon import muon
 from orthojax.optim._muon import muon_dimension_numbers
 from orthojax.optim._muon import scale_by_muon
-from orthojax.optim._muon import stiefel_muon
 from orthojax.optim._muon import to_muon
 from orthojax.optim._partition import partition
 from orthojax.optim._penalty import AddOrthogonalityPenaltyState
@@ -35,9 +27,22 @@ from orthojax.optim._riemannian import RetractState
 from orthojax.optim._riemannian import RiemannianMomentumState
 from orthojax.optim._riemannian import ScaleByRiemannianAdamState
 from orthojax.optim._riemannian import project_to_tangent
-from orthojax.optim._riemannian import retract
 from orthojax.optim._riemannian import riemannian_momentum
 from orthojax.optim._riemannian import scale_by_riemannian_adam
+from orthojax.optim._table import OPTIMIZER_TABLE
+from orthojax.optim._table import OptimizerEntry
+from orthojax.optim._table import cayley_adam
+from orthojax.optim._table import cayley_sgd
+from orthojax.optim._table import fused_stiefel_adam
+from orthojax.optim._table import fused_stiefel_momentum
+from orthojax.optim._table import landing
+from orthojax.optim._table import muon
+from orthojax.optim._table import optimizer_entry
+from orthojax.optim._table import projected_gradient
+from orthojax.optim._table import radam
+from orthojax.optim._table import retract
+from orthojax.optim._table import rsgd
+from orthojax.optim._table import stiefel_muon
 from orthojax.optim.execution import MatrixLeaf
 from orthojax.optim.execution import Piece
 from orthojax.optim.execution import ShardedUpdateState

@@ -50,7 +50,6 @@ from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import cayley_generator, polish, reorthonormalize_newton_schulz
 from orthojax.optim._checks import check_rate
-from orthojax.optim._keeps import retracting
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
 from orthojax.optim.execution.context import owner_sharded
@@ -120,7 +119,6 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
 
 
 @owner_sharded
-@retracting
 def cayley_sgd(
     learning_rate: optax.ScalarOrSchedule,
     momentum: float = 0.9,
@@ -153,7 +151,6 @@ def cayley_sgd(
 
 
 @owner_sharded
-@retracting
 def cayley_adam(
     learning_rate: optax.ScalarOrSchedule,
     b1: float = 0.9,

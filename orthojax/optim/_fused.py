@@ -75,7 +75,6 @@ import optax
 from orthojax import linalg
 from orthojax.manifolds import Stiefel, polish
 from orthojax.optim._checks import check_rate
-from orthojax.optim._keeps import retracting
 from orthojax.optim._riemannian import (RetractState, ScaleByRiemannianAdamState,
                                          _SECOND_MOMENTS, _require_params, project_to_tangent,
                                          retract, scale_by_riemannian_adam)
@@ -149,7 +148,6 @@ def retract_tall(manifold: Stiefel, x, xi, omega, stored_dtype, count,
 
 
 @owner_sharded
-@retracting
 def fused_stiefel_adam(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Stiefel,

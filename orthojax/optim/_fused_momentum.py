@@ -41,7 +41,6 @@ from orthojax import linalg
 from orthojax.manifolds import Stiefel
 from orthojax.optim._checks import check_rate
 from orthojax.optim._fused import retract_tall, supports_fused
-from orthojax.optim._keeps import retracting
 from orthojax.optim._riemannian import (RetractState, RiemannianMomentumState, _require_params,
                                          project_to_tangent, retract, riemannian_momentum)
 from orthojax.optim._scope import scoped
@@ -49,7 +48,6 @@ from orthojax.optim.execution.context import owner_sharded
 
 
 @owner_sharded
-@retracting
 def fused_stiefel_momentum(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Stiefel,

@@ -4,11 +4,13 @@ A transformation *keeps* its leaves on their manifold when its update ends in a
 retraction (:func:`orthojax.optim.retract`, and with it ``rsgd``, ``radam``,
 ``projected_gradient`` on a manifold, ``stiefel_muon``) or is a manifold method of its
 own (``cayley_sgd``, ``cayley_adam``, the fused Stiefel Adam) — or, for ``landing``, is
-pulled back to it at every step. Their constructors mark what they return
-(:func:`retracting`); :func:`keeps_manifold` finds such a mark anywhere inside a
-transformation (an ``optax.chain``, an owner-sharded wrapper), by following the
-closures of its ``update``. :func:`orthojax.optim.partition` uses it to report a
-``StiefelParam`` or ``ObliqueParam`` routed to a transformation that would let it drift.
+pulled back to it at every step. Which optimizers do is said once, in the library's
+table (:data:`orthojax.optim.OPTIMIZER_TABLE`): the constructors of its rows that keep,
+and ``retract``, :func:`mark` what they return. :func:`keeps_manifold` finds such a
+mark anywhere inside a transformation (an ``optax.chain``, an owner-sharded wrapper), by
+following the closures of its ``update``. :func:`orthojax.optim.partition` uses it to
+report a ``StiefelParam`` or ``ObliqueParam`` routed to a transformation that would let
+it drift.
 """
 
 from __future__ import annotations
@@ -23,17 +25,10 @@ import optax
 _MARKED: "weakref.WeakSet[Callable[..., Any]]" = weakref.WeakSet()
 
 
-def retracting(constructor: Callable[..., optax.GradientTransformation]
-               ) -> Callable[..., optax.GradientTransformation]:
-  """Mark what ``constructor`` returns as keeping its leaves on their manifold."""
-
-  @functools.wraps(constructor)
-  def build(*args: Any, **kwargs: Any) -> optax.GradientTransformation:
-    tx = constructor(*args, **kwargs)
-    _MARKED.add(tx.update)
-    return tx
-
-  return build
+def mark(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """``tx``, recorded as keeping its leaves on their manifold."""
+  _MARKED.add(tx.update)
+  return tx
 
 
 def keeps_manifold(tx: optax.GradientTransformation, depth: int = 24) -> bool:

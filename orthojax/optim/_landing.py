@@ -59,7 +59,6 @@ from orthojax import linalg
 from orthojax.linalg import map_views
 from orthojax.manifolds import polish
 from orthojax.optim._checks import check_rate
-from orthojax.optim._keeps import retracting
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
 from orthojax.optim.execution.context import owner_sharded
@@ -88,7 +87,6 @@ def safe_step_size(a, d, lam, eps):
 
 
 @owner_sharded
-@retracting
 def landing(
     learning_rate: optax.ScalarOrSchedule,
     lam: float = 1.0,

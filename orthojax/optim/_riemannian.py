@@ -32,7 +32,6 @@ import optax
 from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import Manifold
-from orthojax.optim._keeps import retracting
 from orthojax.optim._scope import scoped
 
 _SECOND_MOMENTS = ("elementwise", "matrix", "matrix_sum")
@@ -243,7 +242,6 @@ class RetractState(NamedTuple):
   count: jnp.ndarray
 
 
-@retracting
 def retract(manifold: Manifold, views: Any = None,
             reorthonormalize_every: int | None = None) -> optax.GradientTransformation:
   """Last link of a Riemannian chain: turns a step ``u`` into ``R_W(u) - W``.

@@ -131,12 +131,15 @@ def build(config: Config, *, total_steps: int, labels: Any = None, views: Any = 
   return optax.chain(*links) if len(links) > 1 else links[0]
 
 
-ORTHOGONALIZED_STEPS = ("muon",)
-"""Euclidean optimizers a manifold group may name: their step is orthogonalized (Muon's
-Newton–Schulz polar factor), the reason to route the group's matrices to them, but not
-a manifold step — the parameters start on the manifold (the group's initialisation) and
-move off it, as in Muon's own use (Jordan et al. 2024). Any other Euclidean optimizer
-there is refused: it would take the parameters off the manifold without a reason."""
+ORTHOGONALIZED_STEPS = tuple(entry.name for entry in oj.optim.OPTIMIZER_TABLE
+                             if entry.manifolds and not entry.keeps_manifold)
+"""Euclidean optimizers a manifold group may name (the rows of
+:data:`orthojax.optim.OPTIMIZER_TABLE` with manifolds that do not keep them: Muon): their
+step is orthogonalized (Muon's Newton–Schulz polar factor), the reason to route the
+group's matrices to them, but not a manifold step — the parameters start on the manifold
+(the group's initialisation) and move off it, as in Muon's own use (Jordan et al. 2024).
+Any other Euclidean optimizer there is refused: it would take the parameters off the
+manifold without a reason."""
 
 
 def _check_group(config: Config, group: str, groups: list[str]) -> None:
@@ -158,7 +161,8 @@ def _default_manifold(group: str) -> Any:
 
 
 def _check_section(config: Config, group: str, groups: list[str]) -> None:
-  """The group's optimizer suits its parameters (and the schedule)."""
+  """The group's optimizer suits its parameters (and the schedule), as
+  :data:`orthojax.optim.OPTIMIZER_TABLE` says."""
   key = f"config.optimizer.{group}"
   section = config.optimizer[group]
   for rate_key in RATE_KEYWORDS:
@@ -169,19 +173,34 @@ def _check_section(config: Config, group: str, groups: list[str]) -> None:
   if name is None:
     return   # the registry names the missing key when it builds the section
   if group == "euclidean":
-    if name in registry.MANIFOLD_OPTIMIZERS:
-      hint = ("e.g. config.model.weights='stiefel' for DeepMLP" if groups == ["euclidean"]
-              else "the model's manifold parameters are config.optimizer." +
-              " / config.optimizer.".join(g for g in groups if g != "euclidean"))
-      raise ConfigError(f"{key}.name={name!r}: a manifold optimizer, for manifold parameters "
-                        f"({hint})")
+    _check_euclidean(key, name, groups)
+  else:
+    _check_manifold_group(config, key, group, section)
+
+
+def _check_euclidean(key: str, name: str, groups: list[str]) -> None:
+  """Euclidean parameters may not go to an optimizer that keeps a manifold."""
+  entry = oj.optim.optimizer_entry(name)
+  if entry is None or not entry.keeps_manifold:
     return
-  if name not in registry.MANIFOLD_OPTIMIZERS + ORTHOGONALIZED_STEPS:
+  hint = ("e.g. config.model.weights='stiefel' for DeepMLP" if groups == ["euclidean"]
+          else "the model's manifold parameters are config.optimizer." +
+          " / config.optimizer.".join(g for g in groups if g != "euclidean"))
+  raise ConfigError(f"{key}.name={name!r}: a manifold optimizer, for manifold parameters "
+                    f"({hint})")
+
+
+def _check_manifold_group(config: Config, key: str, group: str, section: Any) -> None:
+  """A manifold group's optimizer must serve that manifold (keeping it, or Muon's
+  orthogonalized step), with a linear schedule only where it is not a manifold step."""
+  name = section["name"]
+  entry = oj.optim.optimizer_entry(name)
+  if entry is None or not entry.manifolds:
     raise ConfigError(f"{key}.name={name!r}: not a manifold optimizer; the group's parameters "
                       f"are on the {group} manifold and would leave it: use one of "
                       f"{', '.join(registry.MANIFOLD_OPTIMIZERS)} (or "
                       f"{', '.join(ORTHOGONALIZED_STEPS)} for an orthogonalized step)")
-  if config.schedule == "plateau" and name in registry.MANIFOLD_OPTIMIZERS:
+  if config.schedule == "plateau" and entry.keeps_manifold:
     raise ConfigError(f"config.schedule='plateau': not available with the manifold optimizer "
                       f"{key}.name={name!r} (its step is not linear in the learning rate); "
                       f"use cosine, warmup_cosine or step")
@@ -189,6 +208,13 @@ def _check_section(config: Config, group: str, groups: list[str]) -> None:
   if isinstance(manifold, dict) and manifold.get("name", "").lower() != group:
     raise ConfigError(f"{key}.manifold.name={manifold.get('name')!r}: the group's parameters "
                       f"are {group}; use {group.capitalize()!r}")
-  if group == "oblique" and name not in ("rsgd", "radam", "projected_gradient"):
-    raise ConfigError(f"{key}.name={name!r}: Stiefel-only; the group's parameters are "
-                      f"oblique: use rsgd, radam or projected_gradient")
+  if group not in entry.manifolds:
+    only = "/".join(m.capitalize() for m in entry.manifolds)
+    serving = [e.name for e in oj.optim.OPTIMIZER_TABLE if group in e.manifolds]
+    raise ConfigError(f"{key}.name={name!r}: {only}-only; the group's parameters are "
+                      f"{group}: use {_one_of(serving)}")
+
+
+def _one_of(names: list[str]) -> str:
+  """``a, b or c``."""
+  return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"

@@ -65,27 +65,19 @@ _OPTAX = _optax_aliases()
 OPTIMIZERS: dict[str, Callable[..., Any]] = {
     **_OPTAX,
     **{f"optax.{name}": fn for name, fn in _OPTAX.items()},
-    "rsgd": optim.rsgd,
-    "radam": optim.radam,
-    "projected_gradient": optim.projected_gradient,
-    "cayley_sgd": optim.cayley_sgd,
-    "cayley_adam": optim.cayley_adam,
-    "landing": optim.landing,
-    "muon": optim.muon,                # over optax.contrib.muon: dimension numbers from views
-    "stiefel_muon": optim.stiefel_muon,
-    "fused_stiefel_adam": optim.fused_stiefel_adam,
-    "fused_stiefel_momentum": optim.fused_stiefel_momentum,
+    **{entry.name: entry.constructor for entry in optim.OPTIMIZER_TABLE},
 }
 """Every optax optimizer (``sgd``, ``adam``, ``adamw``, ``lion`` …, also as
-``optax.<name>``) and every orthojax one, by the name a section gives. Two names mean orthojax's: ``radam`` is
+``optax.<name>``) and every orthojax one (:data:`orthojax.optim.OPTIMIZER_TABLE`), by the
+name a section gives. Two names mean orthojax's: ``radam`` is
 Riemannian Adam (Bécigneul & Ganea 2019) — optax's Rectified Adam is ``optax.radam`` —
 and ``muon`` is orthojax's wrapper of optax.contrib's (same keywords, plus conv kernels
 and stacks orthogonalized from their matrix view)."""
 
-MANIFOLD_OPTIMIZERS = ("rsgd", "radam", "projected_gradient", "cayley_sgd", "cayley_adam",
-                       "landing", "stiefel_muon", "fused_stiefel_adam",
-                       "fused_stiefel_momentum")
-"""The optimizers that keep their parameters on a manifold (need manifold parameters)."""
+MANIFOLD_OPTIMIZERS = tuple(entry.name for entry in optim.OPTIMIZER_TABLE
+                            if entry.keeps_manifold)
+"""The optimizers that keep their parameters on a manifold (need manifold parameters):
+the rows of :data:`orthojax.optim.OPTIMIZER_TABLE` that keep it."""
 
 MANIFOLDS: dict[str, Callable[..., Any]] = {"Stiefel": manifolds.Stiefel,
                                             "Oblique": manifolds.Oblique}

@@ -24,6 +24,7 @@ NOT_IN_A_REGISTRY = {
     "retract": "building block of a chain",
     "scale_by_muon": "building block of a chain",
     "keeps_manifold": "a question about a transformation, not one",
+    "optimizer_entry": "a question about an optimizer's name, not one",
     "shard_update": "a wrapper the trainer applies (config.mesh.shard_update)",
     "sharded_updates": "a wrapper the trainer applies (config.mesh.shard_update)",
     "replicated_state": "a state conversion",
