@@ -9,9 +9,9 @@ Optimizers: :func:`rsgd`, :func:`radam`, :func:`projected_gradient`,
 Routing: :func:`partition` (:func:`keeps_manifold` tells which transformations keep
 a manifold leaf on its manifold). :data:`OPTIMIZER_TABLE` lists the optimizers (name,
 constructor, manifolds, keeps-the-manifold) for ``partition``, the trainer's config and
-its checks. Pod scale: :func:`shard_update` (each matrix's update
-computed once, by its owner device), :func:`sharded_updates`,
-:func:`replicated_state` / :func:`sharded_state`.
+its checks. Pod scale
+(:mod:`orthojax.optim.execution`): :func:`shard_update` (each matrix's update computed
+once, by its owner device), :func:`replicated_state` / :func:`sharded_state`.
 """
 
 from orthojax.optim._cayley import CayleyState
@@ -54,6 +54,5 @@ from orthojax.optim.execution import plan
 from orthojax.optim.execution import replicated_state
 from orthojax.optim.execution import shard_update
 from orthojax.optim.execution import sharded_state
-from orthojax.optim.execution import sharded_updates
 from orthojax.optim.execution import split_cost
 from orthojax.optim.execution import split_matrices

@@ -12,14 +12,12 @@ from orthojax.optim._fused import fused_stiefel_adam, supports_fused
 from orthojax.optim._fused_momentum import fused_stiefel_momentum
 from orthojax.optim._riemannian import (project_to_tangent, retract, riemannian_momentum,
                                          scale_by_riemannian_adam)
-from orthojax.optim.execution.context import owner_sharded
 
 
 def _default(manifold):
   return Stiefel() if manifold is None else manifold
 
 
-@owner_sharded
 def rsgd(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Manifold | None = None,
@@ -59,7 +57,6 @@ def rsgd(
   return optax.chain(*links)
 
 
-@owner_sharded
 def radam(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Manifold | None = None,
@@ -99,7 +96,6 @@ def radam(
   )
 
 
-@owner_sharded
 def projected_gradient(
     optimizer: optax.GradientTransformation | optax.ScalarOrSchedule,
     manifold: Manifold | None = None,

@@ -52,7 +52,6 @@ from orthojax.manifolds import cayley_generator, polish, reorthonormalize_newton
 from orthojax.optim._checks import check_rate
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
-from orthojax.optim.execution.context import owner_sharded
 
 
 class CayleyState(NamedTuple):
@@ -118,7 +117,6 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
   return optax.GradientTransformation(init_fn, scoped("cayley", update_fn))
 
 
-@owner_sharded
 def cayley_sgd(
     learning_rate: optax.ScalarOrSchedule,
     momentum: float = 0.9,
@@ -150,7 +148,6 @@ def cayley_sgd(
                            reorthonormalize_every, views, "cayley_sgd")
 
 
-@owner_sharded
 def cayley_adam(
     learning_rate: optax.ScalarOrSchedule,
     b1: float = 0.9,

@@ -79,7 +79,6 @@ from orthojax.optim._riemannian import (RetractState, ScaleByRiemannianAdamState
                                          _SECOND_MOMENTS, _require_params, project_to_tangent,
                                          retract, scale_by_riemannian_adam)
 from orthojax.optim._scope import scoped
-from orthojax.optim.execution.context import owner_sharded
 
 
 def _sq(x):
@@ -147,7 +146,6 @@ def retract_tall(manifold: Stiefel, x, xi, omega, stored_dtype, count,
   return y
 
 
-@owner_sharded
 def fused_stiefel_adam(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Stiefel,

@@ -44,10 +44,8 @@ from orthojax.optim._fused import retract_tall, supports_fused
 from orthojax.optim._riemannian import (RetractState, RiemannianMomentumState, _require_params,
                                          project_to_tangent, retract, riemannian_momentum)
 from orthojax.optim._scope import scoped
-from orthojax.optim.execution.context import owner_sharded
 
 
-@owner_sharded
 def fused_stiefel_momentum(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Stiefel,

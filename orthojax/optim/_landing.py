@@ -61,7 +61,6 @@ from orthojax.manifolds import polish
 from orthojax.optim._checks import check_rate
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
-from orthojax.optim.execution.context import owner_sharded
 
 
 class LandingState(NamedTuple):
@@ -86,7 +85,6 @@ def safe_step_size(a, d, lam, eps):
   return jnp.where(beta > 0, (root + alpha) / (2.0 * safe_beta), jnp.inf)
 
 
-@owner_sharded
 def landing(
     learning_rate: optax.ScalarOrSchedule,
     lam: float = 1.0,

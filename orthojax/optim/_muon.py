@@ -29,7 +29,6 @@ from orthojax.linalg import leaf_names, map_views, unzip, views_for
 from orthojax.manifolds import Stiefel
 from orthojax.optim._checks import check_rate
 from orthojax.optim._riemannian import retract
-from orthojax.optim.execution.context import owner_sharded
 
 
 _QUINTIC = (3.4445, -4.7750, 2.0315)   # optax.contrib.muon's default (Jordan's quintic)
@@ -175,7 +174,6 @@ def scale_by_shape(*, views: Any = None,
   return optax.GradientTransformation(optax.init_empty_state, update_fn)
 
 
-@owner_sharded
 def muon(
     learning_rate: optax.ScalarOrSchedule,
     ns_coeffs: Any = _QUINTIC,
@@ -246,7 +244,6 @@ def muon(
       labels)
 
 
-@owner_sharded
 def stiefel_muon(
     learning_rate: optax.ScalarOrSchedule,
     *,

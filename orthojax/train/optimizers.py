@@ -17,6 +17,10 @@
   own keyword, ``config.optimizer.weight_decay``. Both skip biases, normalisation scales
   and GmP angles (:func:`decay_mask`).
 * ``config.grad_clip_norm``: ``optax.clip_by_global_norm`` in front.
+* ``config.mesh.shard_update``: each group's optimizer of the library's table
+  (:data:`orthojax.optim.OPTIMIZER_TABLE`) wrapped explicitly in
+  :func:`orthojax.optim.shard_update` (:func:`update_sharding`); the penalty, the clip
+  and optax's optimizers are not per-matrix work and stay replicated.
 
 The trainer replaces each optimizer's ``learning_rate`` (and Muon's
 ``adam_learning_rate``) by the schedule
@@ -34,7 +38,8 @@ not linear in its update).
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import jax
 import optax
@@ -76,11 +81,52 @@ def _scheduled(section: dict[str, Any], config: Config, total_steps: int) -> dic
               else v) for k, v in section.items()}
 
 
+Shard = Callable[..., optax.GradientTransformation]
+"""``shard(tx, views=...)``: a transformation as the run applies it (:func:`update_sharding`)."""
+
+
+def unsharded(tx: optax.GradientTransformation, views: Any = None
+              ) -> optax.GradientTransformation:
+  """The :data:`Shard` of a run that replicates the update: ``tx`` as it is."""
+  del views
+  return tx
+
+
+def update_sharding(config: Config, mesh: Any) -> Shard:
+  """``config.mesh.shard_update`` as an explicit wrapper ``shard(tx, views=...)``.
+
+  On (the default) and with more than one data-parallel device:
+  :func:`orthojax.optim.shard_update` over ``mesh``'s ``data`` and ``fsdp`` axes with
+  ``config.mesh.split_above``, the stacks striped (``stripe_stacks``) when the ``fsdp``
+  axis is longer than 1, so that they reach their owners by all-to-alls instead of whole
+  on every device. Off, or on one owner: :func:`unsharded`.
+  """
+  if not config.mesh.shard_update or oj.optim.num_owners(mesh) == 1:
+    return unsharded
+  return functools.partial(oj.optim.shard_update, mesh=mesh,
+                           split_above=config.mesh.split_above,
+                           stripe_stacks=mesh.shape["fsdp"] > 1)
+
+
 def _optimizer(group: str, config: Config, total_steps: int,
                supplied: dict[str, Any]) -> optax.GradientTransformation:
   section = _scheduled(config.optimizer[group], config, total_steps)
   return registry.build("optimizer", section, f"config.optimizer.{group}",
                         registry.Supplied(supplied))
+
+
+def _group_optimizer(group: str, config: Config, total_steps: int, views: Any,
+                     shard: Shard) -> optax.GradientTransformation:
+  """The group's optimizer; one of the library's wrapped in ``shard`` (with the views the
+  trainer gives it), Euclidean ones with the L2 term in front."""
+  if group == "euclidean":
+    supplied = {"views": views, "mask": decay_mask}
+  else:
+    supplied = {"views": views, "manifold": _default_manifold(group)}
+  tx = _optimizer(group, config, total_steps, supplied)
+  if oj.optim.optimizer_entry(config.optimizer[group]["name"]) is not None:
+    tx = shard(tx, views=views)
+  return _with_l2(tx, config) if group == "euclidean" else tx
 
 
 def _with_l2(tx: optax.GradientTransformation, config: Config) -> optax.GradientTransformation:
@@ -90,7 +136,7 @@ def _with_l2(tx: optax.GradientTransformation, config: Config) -> optax.Gradient
 
 
 def build(config: Config, *, total_steps: int, labels: Any = None, views: Any = None,
-          penalty_mask: Any = None) -> optax.GradientTransformation:
+          penalty_mask: Any = None, shard: Shard = unsharded) -> optax.GradientTransformation:
   """The full transformation for ``config``.
 
   Args:
@@ -100,6 +146,8 @@ def build(config: Config, *, total_steps: int, labels: Any = None, views: Any = 
       :func:`orthojax.nn.manifold_labels`), or None for a model without manifold params.
     views: pure ``views=`` tree for the manifold optimizers and the penalty.
     penalty_mask: which leaves the penalty sees (None: every matrix leaf).
+    shard: how the library's optimizers are applied (:func:`update_sharding`; default
+      :func:`unsharded`).
 
   Raises:
     ConfigError: one line naming the config key.
@@ -119,14 +167,7 @@ def build(config: Config, *, total_steps: int, labels: Any = None, views: Any = 
   if config.penalty:
     links.append(registry.build("penalty", config.penalty, "config.penalty",
                                 registry.Supplied({"mask": penalty_mask, "views": views})))
-  txs = {}
-  for group in groups:
-    if group == "euclidean":
-      txs[group] = _with_l2(_optimizer(group, config, total_steps,
-                                       {"views": views, "mask": decay_mask}), config)
-    else:
-      txs[group] = _optimizer(group, config, total_steps,
-                              {"views": views, "manifold": _default_manifold(group)})
+  txs = {group: _group_optimizer(group, config, total_steps, views, shard) for group in groups}
   links.append(txs["euclidean"] if groups == ["euclidean"] else oj.optim.partition(labels, **txs))
   return optax.chain(*links) if len(links) > 1 else links[0]
 

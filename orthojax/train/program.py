@@ -18,9 +18,9 @@ what would run (MaxText's ``train_compile`` does the same for its LLM steps).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
+import inspect
 import math
 import time
 from typing import Any, Callable, Sequence
@@ -48,7 +48,9 @@ from orthojax.train.step import make_train_step
 ModelFn = Callable[[nnx.Rngs], nnx.Module]
 # An optax chain, or a function of the abstract model (``nnx.eval_shape`` of it:
 # its Variable types and metadata, no arrays) that returns one — e.g.
-# ``oj.optim.partition(model, stiefel=..., euclidean=...)`` routing by Variable type.
+# ``oj.optim.partition(model, stiefel=..., euclidean=...)`` routing by Variable type. A
+# function that takes a ``shard`` keyword is given the run's wrapper
+# (:func:`orthojax.train.optimizers.update_sharding`) to apply to its orthogonal parts.
 OptimizerArg = optax.GradientTransformation | Callable[[Any], optax.GradientTransformation]
 
 
@@ -215,10 +217,12 @@ def build_program(config: Config, info: DatasetInfo, *,
     optimizer: an optax chain or a function of the abstract model returning
       one; default: the chain ``config`` describes
       (:func:`orthojax.train.optimizers.build`). With ``config.mesh.shard_update``
-      on a multi-device mesh, the orthojax optimizers the config or the function
-      builds are owner-sharded (:func:`orthojax.optim.sharded_updates`); a chain
-      given ready-made is used as it is (wrap it in :func:`orthojax.optim.shard_update`
-      yourself).
+      on a multi-device mesh, the config's optimizers of the library's table are
+      owner-sharded (:func:`orthojax.optim.shard_update`); a function that takes a
+      ``shard`` keyword is called with the run's wrapper, ``shard(tx, views=...)``
+      (:func:`orthojax.train.optimizers.update_sharding`), to apply to its orthogonal
+      transformations; a chain given ready-made, or a function without ``shard``, is
+      used as it is.
 
   Raises:
     ConfigError: a config that does not fit the devices (one line naming the flag).
@@ -253,15 +257,11 @@ def build_program(config: Config, info: DatasetInfo, *,
   pure_params = _pure(abs_params)
 
   # ------------------------------------------------------------ Optimizer --
-  # Owner-sharded updates: orthojax's orthogonalizing optimizers built here update each
-  # matrix on one device (oj.optim.shard_update); a ready-made chain is used as given.
-  # Under FSDP the stacks are striped, so that they reach their owners by all-to-alls
-  # instead of whole on every device.
-  shard = config.mesh.shard_update and oj.optim.num_owners(mesh) > 1
-  with (oj.optim.sharded_updates(mesh, split_above=config.mesh.split_above,
-                                 stripe_stacks=mesh.shape["fsdp"] > 1) if shard
-        else contextlib.nullcontext()):
-    tx = _build_optimizer(config, optimizer, abstract, abs_params, pure_params, total_steps)
+  # Owner-sharded updates (config.mesh.shard_update): the library's optimizers update
+  # each matrix on one device, wrapped explicitly in oj.optim.shard_update.
+  shard = optimizers.update_sharding(config, mesh)
+  tx = _build_optimizer(config, optimizer, abstract, abs_params, pure_params, total_steps,
+                        shard)
 
   # ------------------------------------------------------------- Sharding --
   params_sh = mesh_lib.param_shardings(abs_params, mesh)
@@ -333,18 +333,36 @@ def _defect_fn(abs_params: Any, out_sharding: Any) -> Callable[[Any], Any] | Non
 
 
 def _build_optimizer(config: Config, optimizer: OptimizerArg | None, abstract: Any,
-                     abs_params: Any, pure_params: Any,
-                     total_steps: int) -> optax.GradientTransformation:
+                     abs_params: Any, pure_params: Any, total_steps: int,
+                     shard: optimizers.Shard) -> optax.GradientTransformation:
   if optimizer is None:
     labels = _pure(oj.nn.manifold_labels(abs_params))
     if all(label == "euclidean" for label in jax.tree.leaves(labels)):
       labels = None
     return optimizers.build(config, total_steps=total_steps, labels=labels,
                             views=_pure(oj.nn.matrix_views(abs_params)),
-                            penalty_mask=model_zoo.penalty_mask(abstract, pure_params))
+                            penalty_mask=model_zoo.penalty_mask(abstract, pure_params),
+                            shard=shard)
+  return user_optimizer(optimizer, abstract, shard)
+
+
+def user_optimizer(optimizer: OptimizerArg, abstract: Any,
+                   shard: optimizers.Shard = optimizers.unsharded
+                   ) -> optax.GradientTransformation:
+  """A user's optimizer: a chain as given, or a function of the abstract model called
+  with it — and with ``shard=shard`` where the function takes that keyword."""
   if isinstance(optimizer, optax.GradientTransformation):
     return optimizer
+  if _takes_shard(optimizer):
+    return optimizer(abstract, shard=shard)
   return optimizer(abstract)
+
+
+def _takes_shard(fn: Callable[..., Any]) -> bool:
+  try:
+    return "shard" in inspect.signature(fn).parameters
+  except (TypeError, ValueError):   # a builtin without a signature
+    return False
 
 
 def _saved_form(abs_opt: Any, pure_params: Any, params_sh: Any, state_sh: TrainState,

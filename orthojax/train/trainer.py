@@ -66,6 +66,7 @@ from orthojax.train.program import CompiledProgram
 from orthojax.train.program import ModelFn
 from orthojax.train.program import OptimizerArg
 from orthojax.train.program import build_program
+from orthojax.train.program import user_optimizer
 from orthojax.train.program import compile_program
 from orthojax.train.program import dataset_info
 from orthojax.train.resume import resume_differences
@@ -225,7 +226,11 @@ def fit(model_fn: ModelFn, optimizer: OptimizerArg, train_data: inputs.TrainSour
       a function of the abstract model (``nnx.eval_shape`` of ``model_fn``:
       Variable types and metadata, no arrays) returning one — e.g.
       ``oj.optim.partition(model, stiefel=oj.optim.radam(..., views=
-      oj.nn.matrix_views(model)), euclidean=optax.adamw(...))``.
+      oj.nn.matrix_views(model)), euclidean=optax.adamw(...))``. A function that takes
+      a ``shard`` keyword gets the run's owner-sharding wrapper (``config.mesh.
+      shard_update``): ``stiefel=shard(oj.optim.radam(..., views=views), views=views)``
+      updates each matrix on one device (:func:`orthojax.optim.shard_update`; the
+      identity where the update is replicated).
     train_data: numpy batches ``{"x": float32 (b, ...), "y": int32 labels or
       float32 targets (b,)}`` with ``b = config.batch_size / process count``: a
       function ``start_batch -> batches`` (exact resume from any batch), or a
@@ -312,10 +317,11 @@ def _fit_record(config: Config, info: Any, model_fn: ModelFn,
                 optimizer: OptimizerArg) -> dict[str, Any]:
   """What a fit run trains (:mod:`orthojax.train.fingerprint`) in place of the config's
   model, optimizer, data and penalty sections, which fit does not use. The optimizer is
-  described as the user built it (a function of the model is called once more, outside
-  the owner-sharded build, whose devices a resumed run may change)."""
+  described as the user built it, unsharded (a function of the model is called once more
+  with ``shard`` the identity: owner sharding depends on the devices, which a resumed
+  run may change)."""
   abstract = nnx.eval_shape(lambda: model_fn(nnx.Rngs(config.seed)))
-  tx = optimizer if isinstance(optimizer, optax.GradientTransformation) else optimizer(abstract)
+  tx = user_optimizer(optimizer, abstract)
   return {**config.to_dict(), "model": fingerprint.describe_model(abstract),
           "optimizer": {fingerprint.FIT: fingerprint.describe_transform(tx)},
           "data": {"name": fingerprint.FIT, "task": info.task,

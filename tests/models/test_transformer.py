@@ -253,8 +253,7 @@ def test_owner_sharded_update_equals_replicated_on_8_devices(name):
     params, grads = hidden, {k: grads[k] for k in hidden}
   mesh = Mesh(np.array(jax.devices()[:8]), ("data",), axis_types=(AxisType.Auto,))
   replicated = make()
-  with oj.optim.sharded_updates(mesh):
-    sharded = make()
+  sharded = oj.optim.shard_update(make(), mesh, views=views)
   rep = NamedSharding(mesh, P())
   params, grads = jax.device_put(params, rep), jax.device_put(grads, rep)
 

@@ -89,11 +89,12 @@ def _close(a, b, dtype, atol=2e-6):
       np.asarray(x, np.float32), np.asarray(y, np.float32), **kw), a, b)
 
 
-def _compare(make, mesh, dtype, params=None, shapes=SHAPES, split_above=None, atol=2e-6):
+def _compare(make, mesh, dtype, params=None, shapes=SHAPES, split_above=None, atol=2e-6,
+             make_sharded=None):
   params = _params(dtype, shapes) if params is None else params
   replicated = make()
-  with oj.optim.sharded_updates(mesh, split_above=split_above):
-    sharded = make()
+  shard = lambda tx: oj.optim.shard_update(tx, mesh, views=VIEWS, split_above=split_above)
+  sharded = shard(make()) if make_sharded is None else make_sharded(shard)
   ref_updates, ref_params, ref_state = _trajectory(replicated, params, mesh)
   got_updates, got_params, got_state = _trajectory(sharded, params, mesh)
   is_sharded = lambda x: isinstance(x, oj.optim.ShardedUpdateState)
@@ -262,9 +263,9 @@ def test_partitioned_model_shards_only_the_manifold_group():
   mesh = _mesh(8)
   params = {**_params(jnp.float32), "bias": jnp.linspace(-1.0, 1.0, 7)}
   labels = {name: "euclidean" if name == "bias" else "stiefel" for name in params}
-  make = lambda: oj.optim.partition(labels, stiefel=oj.optim.radam(1e-2, views=VIEWS),
-                                    euclidean=optax.adam(1e-2))
-  _compare(make, mesh, jnp.float32, params)
+  make = lambda shard=lambda tx: tx: oj.optim.partition(
+      labels, stiefel=shard(oj.optim.radam(1e-2, views=VIEWS)), euclidean=optax.adam(1e-2))
+  _compare(make, mesh, jnp.float32, params, make_sharded=make)
 
 
 def test_a_mesh_without_data_parallel_axes_is_one_line():

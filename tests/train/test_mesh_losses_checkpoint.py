@@ -89,8 +89,7 @@ def test_owner_sharded_state_keeps_the_fsdp_sharding_of_the_leaves_every_device_
   views = {"embed": False, "w": None}
   shardings = {"embed": NamedSharding(mesh, P(None, "fsdp")),
                "w": NamedSharding(mesh, P(None, "fsdp"))}
-  with oj.optim.sharded_updates(mesh):
-    tx = oj.optim.muon(1e-2, views=views)
+  tx = oj.optim.shard_update(oj.optim.muon(1e-2, views=views), mesh, views=views)
   opt = mesh_lib.opt_state_shardings(tx, params, shardings, mesh)
   specs = {jax.tree_util.keystr(k): v.spec for k, v in
            jax.tree_util.tree_flatten_with_path(opt, is_leaf=lambda x: hasattr(x, "spec"))[0]}

@@ -26,7 +26,6 @@ NOT_IN_A_REGISTRY = {
     "keeps_manifold": "a question about a transformation, not one",
     "optimizer_entry": "a question about an optimizer's name, not one",
     "shard_update": "a wrapper the trainer applies (config.mesh.shard_update)",
-    "sharded_updates": "a wrapper the trainer applies (config.mesh.shard_update)",
     "replicated_state": "a state conversion",
     "sharded_state": "a state conversion",
     "num_owners": "a mesh query",

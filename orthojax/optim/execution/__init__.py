@@ -9,7 +9,11 @@ Two mechanisms answer that question:
   stacked and updated by one batched program.
 
 They compose (an owner buckets its own matrices) and keep the state users and
-checkpoints see per leaf (:func:`replicated_state`). One module per concept:
+checkpoints see per leaf (:func:`replicated_state`). Owner sharding is applied
+explicitly, like optax's wrappers — ``shard_update(tx, mesh, views=...)`` around a
+transformation; no ambient context, no decorator inside the algorithms. The trainer
+applies it to the optimizers of :data:`orthojax.optim.OPTIMIZER_TABLE`
+(:func:`orthojax.train.optimizers.update_sharding`). One module per concept:
 
 * :mod:`~orthojax.optim.execution.owners` — who owns which matrix (the mesh's owner
   axes, the cost model, the assignment);
@@ -19,8 +23,6 @@ checkpoints see per leaf (:func:`replicated_state`). One module per concept:
   conversions to and from the per-leaf state;
 * :mod:`~orthojax.optim.execution.sharded` — :func:`shard_update` itself (with
   :mod:`~orthojax.optim.execution.stripes` for the stacks striped over the owners);
-* :mod:`~orthojax.optim.execution.context` — :func:`sharded_updates`, building the
-  optimizers owner-sharded in a block.
 
 Why shard. Data parallelism replicates the optimizer: every device computes the whole
 orthogonalizing update (projection, transport, retraction, Newton–Schulz) of every
@@ -76,7 +78,6 @@ global-norm clip or a penalty summed over leaves is not, and must stay outside t
 wrapper.
 """
 
-from orthojax.optim.execution.context import sharded_updates
 from orthojax.optim.execution.layout import Role
 from orthojax.optim.execution.layout import SplitMatrix
 from orthojax.optim.execution.layout import UpdateLayout
