@@ -13,7 +13,7 @@ Cases (conv kernels on the orthogonal optimizer, the rest SGD momentum, as the
 
 * ResNet-50, batch 32, 224 × 224 (``--quick``: ResNet-18, batch 2, 64 × 64): ``sgd``;
   ``radam`` (iterative Cayley), ``radam_qr`` (CholeskyQR2) and ``muon``, each traced
-  per leaf (``oj.linalg.bucketing(False)``, "before") and bucketed ("after");
+  per leaf (``oj.optim.per_leaf(tx)``, "before") and bucketed ("after");
 * E5's scanned 200 × 400 tanh stack (``--quick``: 50 × 128) on ``radam_qr``: one leaf,
   so both traces are the same program.
 
@@ -66,8 +66,8 @@ def _train_step(graphdef: Any, tx: optax.GradientTransformation, bucketed: bool)
       return loss, nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
 
     (loss, new_rest), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    with jax.named_scope("optimizer"), oj.linalg.bucketing(bucketed):
-      updates, opt_state = tx.update(grads, opt_state, params)
+    with jax.named_scope("optimizer"):
+      updates, opt_state = oj.optim.bucketed(tx, bucketed).update(grads, opt_state, params)
     return optax.apply_updates(params, updates), new_rest, opt_state, loss
 
   return step

@@ -167,7 +167,10 @@ _BUCKETING: contextvars.ContextVar[bool] = contextvars.ContextVar("orthojax_buck
 @contextlib.contextmanager
 def bucketing(enabled: bool) -> Iterator[None]:
   """Turn :func:`map_views`' same-shape buckets on or off while transformations are traced
-  in this block (on by default; off: one chain of kernels per leaf, e.g. to measure)."""
+  in this block (on by default; off: one chain of kernels per leaf, e.g. to measure).
+
+  The mechanism underneath :func:`orthojax.optim.bucketed`, which applies it to one
+  transformation explicitly (``oj.optim.per_leaf(tx)``) — the way to use it."""
   token = _BUCKETING.set(bool(enabled))
   try:
     yield

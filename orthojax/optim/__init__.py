@@ -9,9 +9,10 @@ Optimizers: :func:`rsgd`, :func:`radam`, :func:`projected_gradient`,
 Routing: :func:`partition` (:func:`keeps_manifold` tells which transformations keep
 a manifold leaf on its manifold). :data:`OPTIMIZER_TABLE` lists the optimizers (name,
 constructor, manifolds, keeps-the-manifold) for ``partition``, the trainer's config and
-its checks. Pod scale
-(:mod:`orthojax.optim.execution`): :func:`shard_update` (each matrix's update computed
-once, by its owner device), :func:`replicated_state` / :func:`sharded_state`.
+its checks. Execution
+(``orthojax.optim.execution``): :func:`shard_update` (pod scale: each matrix's update
+computed once, by its owner device), :func:`replicated_state` / :func:`sharded_state`;
+:func:`bucketed` / :func:`per_leaf` (same-shape matrices in one batched program, or not).
 """
 
 from orthojax.optim._cayley import CayleyState
@@ -49,7 +50,9 @@ from orthojax.optim.execution import ShardedUpdateState
 from orthojax.optim.execution import SplitMatrix
 from orthojax.optim.execution import UpdateLayout
 from orthojax.optim.execution import assign_owners
+from orthojax.optim.execution import bucketed
 from orthojax.optim.execution import num_owners
+from orthojax.optim.execution import per_leaf
 from orthojax.optim.execution import plan
 from orthojax.optim.execution import replicated_state
 from orthojax.optim.execution import shard_update

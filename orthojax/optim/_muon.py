@@ -108,7 +108,7 @@ def scale_by_muon(
   by one batched chain of kernels, where optax runs one chain per leaf (a GPU launch
   cost per leaf; Jordan's Muon and Dion batch them the same way). The state is optax's
   ``MuonState`` with its momentum per leaf, so the two are interchangeable, and the
-  results equal optax's to rounding (batched products). ``oj.linalg.bucketing(False)``
+  results equal optax's to rounding (batched products). ``oj.optim.per_leaf(tx)``
   runs leaf by leaf.
 
   Args:

@@ -119,3 +119,17 @@ def test_map_views_buckets_only_where_asked():
   out = oj.linalg.map_views(lambda w, view: seen.append(w.shape) or 2 * w, params, bucket=True)
   assert seen == [(2, 4, 3)]
   np.testing.assert_array_equal(out["b"], 4 * jnp.ones((4, 3)))
+
+
+def test_the_wrappers_fix_bucketing_for_one_transformation():
+  """``oj.optim.per_leaf(tx)`` traces the program ``oj.linalg.bucketing(False)`` traces,
+  wherever it runs; ``oj.optim.bucketed(tx)`` keeps its buckets inside that block."""
+  params, grads = _tree(jax.random.PRNGKey(1), STIEFEL)
+  make = OPTIMIZERS["radam_qr"]
+  per_leaf = _primitives(lambda: oj.optim.per_leaf(make()), params, grads)
+  with oj.linalg.bucketing(False):
+    reference = _primitives(make, params, grads)
+    forced = _primitives(lambda: oj.optim.bucketed(make()), params, grads)
+  assert per_leaf == reference and "stack" not in per_leaf
+  assert forced == _primitives(make, params, grads) and forced["stack"] > 0
+  assert oj.optim.keeps_manifold(oj.optim.per_leaf(make()))

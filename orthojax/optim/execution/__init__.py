@@ -1,28 +1,29 @@
 """The execution layer: how a per-leaf transformation runs over many leaves.
 
-Two mechanisms answer that question:
+Two wrappers answer that question:
 
 * **owner sharding** (pods, :func:`shard_update`): each matrix has one owner device,
   which holds its optimizer state and computes its update; the new values are shared;
-* **bucketing** (one accelerator, :func:`orthojax.linalg.map_views` with
-  ``bucket=True``): leaves whose matrix views share shape, dtype and options are
-  stacked and updated by one batched program.
+* **bucketing** (one accelerator, :func:`bucketed`): leaves whose matrix views share
+  shape, dtype and options are stacked and updated by one batched program (on by
+  default; ``per_leaf(tx)`` turns it off for one transformation).
 
 They compose (an owner buckets its own matrices) and keep the state users and
-checkpoints see per leaf (:func:`replicated_state`). Owner sharding is applied
-explicitly, like optax's wrappers — ``shard_update(tx, mesh, views=...)`` around a
-transformation; no ambient context, no decorator inside the algorithms. The trainer
+checkpoints see per leaf (:func:`replicated_state`). Both are applied explicitly,
+like optax's wrappers — ``shard_update(tx, mesh, views=...)``, ``bucketed(tx, enabled)``
+around a transformation; no ambient context, no decorator inside the algorithms. The trainer
 applies it to the optimizers of :data:`orthojax.optim.OPTIMIZER_TABLE`
-(:func:`orthojax.train.optimizers.update_sharding`). One module per concept:
+(``orthojax.train.optimizers.update_sharding``). One module per concept:
 
-* :mod:`~orthojax.optim.execution.owners` — who owns which matrix (the mesh's owner
+* ``owners`` — who owns which matrix (the mesh's owner
   axes, the cost model, the assignment);
-* :mod:`~orthojax.optim.execution.layout` — the plan, :class:`UpdateLayout`, a frozen
-  dataclass; :mod:`~orthojax.optim.execution.planning` builds it (:func:`plan`);
-* :mod:`~orthojax.optim.execution.state` — the sharded state, packed per owner, and its
+* ``layout`` — the plan, :class:`UpdateLayout`, a frozen
+  dataclass; ``planning`` builds it (:func:`plan`);
+* ``state`` — the sharded state, packed per owner, and its
   conversions to and from the per-leaf state;
-* :mod:`~orthojax.optim.execution.sharded` — :func:`shard_update` itself (with
-  :mod:`~orthojax.optim.execution.stripes` for the stacks striped over the owners);
+* ``sharded`` — :func:`shard_update` itself (with
+  ``stripes`` for the stacks striped over the owners);
+* ``buckets`` — :func:`bucketed` / :func:`per_leaf`.
 
 Why shard. Data parallelism replicates the optimizer: every device computes the whole
 orthogonalizing update (projection, transport, retraction, Newton–Schulz) of every
@@ -59,7 +60,7 @@ ownership avoids (goodfire-ai/spd measured a 3.3x step-time loss when every matr
 was split that way), which is why it is opt-in and meant for the few largest
 matrices only.
 
-Execution: see :mod:`~orthojax.optim.execution.sharded`. No collective runs inside an
+Execution: see ``orthojax.optim.execution.sharded``. No collective runs inside an
 orthogonalization: the only collectives the wrapper adds are the all-gathers of the
 finished updates. Dion (microsoft/dion) shares same-shape stacks with all-to-alls;
 here whole matrices of any shape are assigned, which is what ResNet-style kernels with
@@ -78,7 +79,11 @@ global-norm clip or a penalty summed over leaves is not, and must stay outside t
 wrapper.
 """
 
+from orthojax.optim.execution.buckets import bucketed
+from orthojax.optim.execution.buckets import per_leaf
+from orthojax.optim.execution.layout import OwnerState
 from orthojax.optim.execution.layout import Role
+from orthojax.optim.execution.layout import Slot
 from orthojax.optim.execution.layout import SplitMatrix
 from orthojax.optim.execution.layout import UpdateLayout
 from orthojax.optim.execution.owners import MatrixLeaf

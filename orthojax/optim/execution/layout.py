@@ -6,7 +6,7 @@ leaves every device updates, which single matrices all owners update together
 buffers. It is a function of the parameters' shapes and views, the wrapped
 transformation's state structure and the owner count only, so it is rebuilt
 identically wherever the same tree is sharded the same way. :func:`orthojax.optim.plan`
-(:mod:`orthojax.optim.execution.planning`) builds one, complete.
+(``orthojax.optim.execution.planning``) builds one, complete.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ class UpdateLayout:
     state_treedef: the wrapped transformation's state structure
       (``optax.MaskedNode`` s as leaves).
     roles: per state position, the index of the param leaf it belongs to, or a
-      :class:`Role` (``Role.SHARED``: a step count; ``Role.MASKED``: a placeholder).
+      ``orthojax.optim.execution.Role`` (``SHARED``: a step count; ``MASKED``: a
+      placeholder).
     state_avals: per state position, its replicated ``(shape, dtype name)`` (None if masked).
     owner_states: per owner, where its state leaves sit in its packed rows.
     state_lengths: per dtype name, the length of each owner's packed state.

@@ -50,7 +50,7 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
 
   The trainer wraps every optimizer of the library's table
   (:data:`orthojax.optim.OPTIMIZER_TABLE`) this way when ``config.mesh.shard_update``
-  is true (the default); see :mod:`orthojax.optim.execution` for the design and
+  is true (the default); see the ``orthojax.optim.execution`` overview for the design and
   :func:`replicated_state` for checkpoints.
 
   Args:
@@ -66,8 +66,8 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
       of the mean owner load over all owners (one axis sharded: the outermost axis
       longer than 1 of its view's long side, or of the short side where that one's
       does not divide by the owner count; the products partitioned by the
-      compiler, with collectives inside its iterations; see
-      :mod:`orthojax.optim.execution`). ``None`` (default): every matrix has one
+      compiler, with collectives inside its iterations; see the
+      ``orthojax.optim.execution`` overview). ``None`` (default): every matrix has one
       owner and no collective runs inside an orthogonalization.
     stripe_stacks: stripe every stacked leaf over all owners
       (:func:`orthojax.optim.assign_owners`), so that its gradient, parameter and update
