@@ -39,6 +39,7 @@ not linear in its update).
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable
 
 import jax
@@ -106,6 +107,25 @@ def update_sharding(config: Config, mesh: Any) -> Shard:
   return functools.partial(oj.optim.shard_update, mesh=mesh,
                            split_above=config.mesh.split_above,
                            stripe_stacks=mesh.shape["fsdp"] > 1)
+
+
+def user_optimizer(optimizer: Any, abstract: Any, shard: Shard = unsharded
+                   ) -> optax.GradientTransformation:
+  """A user's optimizer (``fit``'s, ``compile_for``'s): a chain as given, or a function of
+  the abstract model called with it — and with ``shard=shard`` where the function takes
+  that keyword."""
+  if isinstance(optimizer, optax.GradientTransformation):
+    return optimizer
+  if _takes_shard(optimizer):
+    return optimizer(abstract, shard=shard)
+  return optimizer(abstract)
+
+
+def _takes_shard(fn: Callable[..., Any]) -> bool:
+  try:
+    return "shard" in inspect.signature(fn).parameters
+  except (TypeError, ValueError):   # a builtin without a signature
+    return False
 
 
 def _optimizer(group: str, config: Config, total_steps: int,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import math
 import time
 from typing import Any, Callable, Sequence
@@ -343,26 +342,7 @@ def _build_optimizer(config: Config, optimizer: OptimizerArg | None, abstract: A
                             views=_pure(oj.nn.matrix_views(abs_params)),
                             penalty_mask=model_zoo.penalty_mask(abstract, pure_params),
                             shard=shard)
-  return user_optimizer(optimizer, abstract, shard)
-
-
-def user_optimizer(optimizer: OptimizerArg, abstract: Any,
-                   shard: optimizers.Shard = optimizers.unsharded
-                   ) -> optax.GradientTransformation:
-  """A user's optimizer: a chain as given, or a function of the abstract model called
-  with it — and with ``shard=shard`` where the function takes that keyword."""
-  if isinstance(optimizer, optax.GradientTransformation):
-    return optimizer
-  if _takes_shard(optimizer):
-    return optimizer(abstract, shard=shard)
-  return optimizer(abstract)
-
-
-def _takes_shard(fn: Callable[..., Any]) -> bool:
-  try:
-    return "shard" in inspect.signature(fn).parameters
-  except (TypeError, ValueError):   # a builtin without a signature
-    return False
+  return optimizers.user_optimizer(optimizer, abstract, shard)
 
 
 def _saved_form(abs_opt: Any, pure_params: Any, params_sh: Any, state_sh: TrainState,

@@ -62,11 +62,11 @@ from orthojax.train import mesh as mesh_lib
 from orthojax.train import metrics as metrics_lib
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
+from orthojax.train.optimizers import user_optimizer
 from orthojax.train.program import CompiledProgram
 from orthojax.train.program import ModelFn
 from orthojax.train.program import OptimizerArg
 from orthojax.train.program import build_program
-from orthojax.train.program import user_optimizer
 from orthojax.train.program import compile_program
 from orthojax.train.program import dataset_info
 from orthojax.train.resume import resume_differences
@@ -227,8 +227,8 @@ def fit(model_fn: ModelFn, optimizer: OptimizerArg, train_data: inputs.TrainSour
       Variable types and metadata, no arrays) returning one — e.g.
       ``oj.optim.partition(model, stiefel=oj.optim.radam(..., views=
       oj.nn.matrix_views(model)), euclidean=optax.adamw(...))``. A function that takes
-      a ``shard`` keyword gets the run's owner-sharding wrapper (``config.mesh.
-      shard_update``): ``stiefel=shard(oj.optim.radam(..., views=views), views=views)``
+      a ``shard`` keyword gets the run's owner-sharding wrapper
+      (``config.mesh.shard_update``): ``stiefel=shard(oj.optim.radam(..., views=views), views=views)``
       updates each matrix on one device (:func:`orthojax.optim.shard_update`; the
       identity where the update is replicated).
     train_data: numpy batches ``{"x": float32 (b, ...), "y": int32 labels or
