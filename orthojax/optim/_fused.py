@@ -264,7 +264,7 @@ def fused_stiefel_adam(
 
     with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
       triples = linalg.map_views(leaf, params, updates, adam_state.mu, adam_state.nu,
-                                 views=views, bucket=True)
+                                 views=views, bucket="pad")
     treedef = jax.tree_util.tree_structure(updates)
     flat = treedef.flatten_up_to(triples)
     out = treedef.unflatten([t[0] for t in flat])

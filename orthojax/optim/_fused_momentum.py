@@ -117,7 +117,7 @@ def fused_stiefel_momentum(
       return (y - w).astype(g.dtype), lo.from_tall(m_new).astype(m.dtype)
 
     with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
-      pairs = linalg.map_views(leaf, params, updates, momentum_state.trace, views=views, bucket=True)
+      pairs = linalg.map_views(leaf, params, updates, momentum_state.trace, views=views, bucket="pad")
     out, trace = linalg.unzip(pairs, updates)
     new_state = (empty, RiemannianMomentumState(trace=trace), lr_state,
                  RetractState(count=retract_count))

@@ -100,12 +100,13 @@ def scale_by_muon(
     adaptive: bool = False,
     preconditioning: str = "frobenius",
 ) -> optax.GradientTransformation:
-  """``optax.contrib.scale_by_muon``, one batched program per same-shape bucket.
+  """``optax.contrib.scale_by_muon``, one batched program per bucket of matrices.
 
   The momentum, its Nesterov look-ahead and the Newton–Schulz orthogonalization are
   optax's own (``optax.contrib.scale_by_muon``, called on each bucket); what differs is
-  how they run over many leaves: leaves whose matrix views share shape, dtype and view
-  are stacked (:func:`orthojax.linalg.map_views` with ``bucket=True``) and orthogonalized
+  how they run over many leaves: leaves whose matrix views share dtype and small side
+  are stacked (:func:`orthojax.linalg.map_views` with ``bucket="pad"``: matrices that share
+  their small side, the long one zero-padded) and orthogonalized
   by one batched chain of kernels, where optax runs one chain per leaf (a GPU launch
   cost per leaf; Jordan's Muon and Dion batch them the same way). The state is optax's
   ``MuonState`` with its momentum per leaf, so the two are interchangeable, and the
@@ -134,7 +135,7 @@ def scale_by_muon(
       return out, new.mu
 
     pairs = map_views(bucket, updates, state.mu, views=_map_views_views(views),
-                      default=lambda g, mu: (g, mu), bucket=True)
+                      default=lambda g, mu: (g, mu), bucket="pad")
     new_updates, mu = unzip(pairs, updates)
     return new_updates, state._replace(count=optax.safe_increment(state.count), mu=mu)
 

@@ -31,12 +31,19 @@ import optax
 
 from orthojax import linalg
 from orthojax.linalg import map_views, unzip
-from orthojax.manifolds import Manifold
+from orthojax.manifolds import Manifold, Stiefel
 from orthojax.optim._keeps import retracting
 from orthojax.optim._scope import scoped
 
 _SECOND_MOMENTS = ("elementwise", "matrix", "matrix_sum")
 
+
+
+def _buckets(manifold: Manifold) -> bool | str:
+  """How :func:`orthojax.linalg.map_views` may stack this manifold's matrices: a
+  Stiefel step maps zero rows to zero rows, so near shapes share a padded bucket;
+  the oblique manifold normalises rows, so only equal shapes do."""
+  return "pad" if isinstance(manifold, Stiefel) else True
 
 def _require_params(params, who):
   if params is None:
@@ -67,7 +74,7 @@ def project_to_tangent(manifold: Manifold, views: Any = None) -> optax.GradientT
   def update_fn(updates, state, params=None):
     _require_params(params, "project_to_tangent")
     out = map_views(lambda w, g, view: manifold.egrad_to_rgrad(w, g, view=view),
-                    params, updates, views=views, bucket=True)
+                    params, updates, views=views, bucket=_buckets(manifold))
     return out, state
 
   return optax.GradientTransformation(lambda params: optax.EmptyState(),
@@ -115,7 +122,7 @@ def riemannian_momentum(manifold: Manifold, momentum: float = 0.9, nesterov: boo
       out = g + momentum * m if nesterov else m
       return out, m.astype(accumulator_dtype or m.dtype)
 
-    pairs = map_views(leaf, params, updates, state.trace, views=views, bucket=True)
+    pairs = map_views(leaf, params, updates, state.trace, views=views, bucket=_buckets(manifold))
     out, trace = unzip(pairs, updates)
     return out, RiemannianMomentumState(trace=trace)
 
@@ -230,7 +237,7 @@ def scale_by_riemannian_adam(
         d = lo.from_matrix(lo.to_matrix(m_hat) / denom[..., None, None])
       return d.astype(g.dtype), (m.astype(mu_dtype or m.dtype), v)
 
-    pairs = map_views(leaf, params, updates, state.mu, state.nu, views=views, bucket=True)
+    pairs = map_views(leaf, params, updates, state.mu, state.nu, views=views, bucket=_buckets(manifold))
     out, mv = unzip(pairs, updates)
     mu, nu = unzip(mv, state.mu)
     return out, ScaleByRiemannianAdamState(count=count, mu=mu, nu=nu)
@@ -286,7 +293,7 @@ def retract(manifold: Manifold, views: Any = None,
                                 lambda y: y, y)
       return (y - w).astype(u.dtype)
 
-    return map_views(leaf, params, updates, views=views, bucket=True), RetractState(count=count)
+    return map_views(leaf, params, updates, views=views, bucket=_buckets(manifold)), RetractState(count=count)
 
   return optax.GradientTransformation(
       lambda params: RetractState(count=jnp.zeros([], jnp.int32)),
