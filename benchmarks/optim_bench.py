@@ -16,7 +16,7 @@ algorithms' own FLOPs need at this shape; the profile in docs/performance.md
 shows it.) FLOPs are XLA's count of the compiled step on a 4-layer unrolled
 copy (its cost analysis counts a scan body once), each guarded conditional at its
 cheapest branch (CholeskyQR2's one pass, without its fall-back), plus the LAPACK calls
-XLA does not count (:func:`orthojax.train.hlo.lapack_flops`: QR, Cholesky, triangular
+XLA does not count (:func:`orthojax.compile.hlo.lapack_flops`: QR, Cholesky, triangular
 solves). radam runs with its default element-wise second moment
 and, in the ", matrix v" rows, with the per-matrix one
 (``second_moment="matrix"``), which needs no re-projection of the direction.
@@ -31,7 +31,7 @@ import optax
 
 import orthojax as oj
 from benchmarks import _harness
-from orthojax.train import hlo
+from orthojax.compile import hlo
 
 _VIEW = oj.linalg.MatrixView.stacked()
 

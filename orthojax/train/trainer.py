@@ -30,8 +30,8 @@ Two entry points share everything after the model and the data:
                                                       checkpoint={"every_steps": 100}))
 
 both with the same mesh, sharding rules, jitted step, Orbax checkpoints with exact
-resume, non-finite guard, metrics and hooks (and
-:func:`orthojax.train.aot.compile_for` takes the same ``model_fn`` and ``optimizer``).
+resume, non-finite guard, metrics and hooks (the compile check one floor above,
+:func:`orthojax.compile.aot.compile_for`, takes the same ``model_fn`` and ``optimizer``).
 
 Exact resume: the checkpoint holds the train state *and* the loop's
 bookkeeping (:class:`LoopState`, incl. the number of batches consumed); the
