@@ -12,10 +12,10 @@ import jax
 
 from experiments._harness import cli
 from experiments._harness.runs import Run
-from orthojax.train import aot
+from orthojax.compile import aot
+from orthojax.compile import topology
 from orthojax.train import config as config_lib
 from orthojax.train import program
-from orthojax.train import topology
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
 

@@ -30,8 +30,8 @@ Two entry points share everything after the model and the data:
                                                       checkpoint={"every_steps": 100}))
 
 both with the same mesh, sharding rules, jitted step, Orbax checkpoints with exact
-resume, non-finite guard, metrics and hooks (and
-:func:`orthojax.train.aot.compile_for` takes the same ``model_fn`` and ``optimizer``).
+resume, non-finite guard, metrics and hooks (the compile check one floor above,
+:func:`orthojax.compile.aot.compile_for`, takes the same ``model_fn`` and ``optimizer``).
 
 Exact resume: the checkpoint holds the train state *and* the loop's
 bookkeeping (:class:`LoopState`, incl. the number of batches consumed); the
@@ -68,6 +68,7 @@ from orthojax.train.program import OptimizerArg
 from orthojax.train.program import build_program
 from orthojax.train.program import compile_program
 from orthojax.train.program import dataset_info
+from orthojax.train.resume import earlier_layout
 from orthojax.train.resume import resume_differences
 from orthojax.train.step import TrainState
 from orthojax.train.workdir_lock import WorkdirLock
@@ -380,8 +381,14 @@ class Loop:
     self.restored = latest is not None
     if latest is None:
       return self.program.init()
-    changed = resume_differences(self.checkpointer.meta(latest).get("config", {}), self.config,
-                                 recorded=self.record)
+    saved = self.checkpointer.meta(latest).get("config", {})
+    layout = earlier_layout(saved)
+    if layout:
+      self.checkpointer.close()
+      raise ConfigError(f"config.workdir={self.config.workdir!r}: its checkpoint (step "
+                        f"{latest}) was written by an earlier orthojax layout ({layout}) and "
+                        f"cannot be resumed; start a new workdir")
+    changed = resume_differences(saved, self.config, recorded=self.record)
     if changed:
       self.checkpointer.close()
       own = ("the model and optimizer it was started with"

@@ -366,6 +366,24 @@ def test_resume_refuses_a_changed_run_and_allows_the_rest(tmp_path):
     _run(config.replace(num_steps=12, schedule="cosine"), tmp_path, "run")
 
 
+def test_a_checkpoint_of_an_earlier_layout_is_refused_in_one_line(tmp_path, monkeypatch):
+  """A checkpoint whose recorded config is not in today's layout (here a flat one) is
+  not translated: the run stops with one line that says so and names the way out."""
+  config = _BASE.replace(checkpoint={"every_steps": 4}, num_steps=4)
+  _run(config, tmp_path, "run")
+  from orthojax.train import checkpoint as ckpt_lib
+  from orthojax.train.config import ConfigError
+  flat = {"model": "mlp", "lr": 0.003, "num_steps": 4}
+  meta = ckpt_lib.Checkpointer.meta
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "meta",
+                      lambda self, step: {**meta(self, step), "config": flat})
+  with pytest.raises(ConfigError) as err:
+    _run(config.replace(num_steps=8), tmp_path, "run")
+  assert str(err.value) == (
+      f"config.workdir={str(tmp_path / 'run')!r}: its checkpoint (step 4) was written by an "
+      "earlier orthojax layout (config.lr is not a key) and cannot be resumed; start a new "
+      "workdir")
+
 def _flip_one_bit(path):
   data = bytearray(path.read_bytes())
   data[len(data) // 2] ^= 0x01

@@ -11,7 +11,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from orthojax import linalg
-from orthojax.train import hlo
+from orthojax.compile import hlo
 
 
 def _module(fn, *args) -> tuple[hlo.Module, float]:
