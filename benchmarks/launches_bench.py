@@ -22,7 +22,8 @@ ResNet-18, whose 20 kernels have 11 shapes, ≤ 1.25 × 11 / 20: a bucket's chai
 most 1.25 leaves' chains), and the compile time of each orthogonal step over the SGD step's (target ≤ 2×;
 compile times are wall times on this machine's load). On the CPU a batched LAPACK call
 runs as a loop over the batch, so Cholesky and triangular-solve calls do not shrink
-there; on a GPU they are one batched call.
+there (``radam_qr``'s ratio is reported, not judged, on the CPU); on a GPU they are one
+batched call.
 """
 
 from __future__ import annotations
@@ -121,8 +122,11 @@ def _resnet_rows(quick: bool, target: str, device: Any) -> list[Row]:
       rows.append(row(SUITE, f"sgd update kernels, {config}", counts[True], "kernels",
                       note=f"compile {compile_s['sgd']:.1f} s"))
       continue
+    # XLA:CPU runs a batched Cholesky or triangular solve as a loop of LAPACK calls, one
+    # per matrix, so CholeskyQR2's calls do not shrink there: judged where they batch.
+    judged = None if name == "radam_qr" and device is None else fewer
     rows.append(row(SUITE, f"{name} update kernels bucketed / per leaf, {config}",
-                    counts[True] / counts[False], "x", fewer,
+                    counts[True] / counts[False], "x", judged,
                     f"{counts[True]} vs {counts[False]} kernels per step; {len(kernels)} "
                     f"kernels in {buckets} shapes"))
     rows.append(row(SUITE, f"{name} / sgd compile time, {config}",
