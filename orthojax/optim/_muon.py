@@ -111,14 +111,13 @@ def scale_by_muon(
   cost per leaf; Jordan's Muon and Dion batch them the same way). The state is optax's
   ``MuonState`` with its momentum per leaf, so the two are interchangeable, and the
   results equal optax's to rounding (batched products). ``oj.linalg.bucketing(False)``
-  runs leaf by leaf.
+  runs leaf by leaf. The other arguments (``ns_coeffs``, ``ns_steps``, ``beta``, ``eps``,
+  ``mu_dtype``, ``nesterov``, ``adaptive``, ``preconditioning``) are
+  ``optax.contrib.scale_by_muon``'s; ``ns_coeffs`` also takes orthojax's preset names.
 
   Args:
     views: per-leaf matrix views (:func:`muon_dimension_numbers`); a leaf whose
       view is ``False`` passes through unchanged.
-    ns_coeffs, ns_steps, beta, eps, mu_dtype, nesterov, adaptive, preconditioning:
-      as ``optax.contrib.scale_by_muon`` (``ns_coeffs`` also takes orthojax's preset
-      names, :func:`ns_schedule`).
   """
   options = dict(ns_coeffs=ns_schedule(ns_coeffs, ns_steps), ns_steps=ns_steps, beta=beta,
                  eps=eps, mu_dtype=mu_dtype, nesterov=nesterov, adaptive=adaptive,
@@ -208,16 +207,17 @@ def muon(
   from ``views`` (:func:`muon_dimension_numbers`; conv kernels inferred, stacks
   from their views), and same-shape matrices are orthogonalized together
   (:func:`scale_by_muon`). ``ns_coeffs`` also takes orthojax's Newton–Schulz
-  presets by name (:func:`ns_schedule`): ``muon(lr, ns_coeffs="polar_express")``
+  presets by name (``ns_schedule``): ``muon(lr, ns_coeffs="polar_express")``
   runs the Polar Express schedule (Amsel, Persson, Musco & Gower 2025,
   Algorithm 1) for ``ns_steps`` steps.
 
+  Every other argument (``ns_coeffs``, ``ns_steps``, ``beta``, ``eps``, ``weight_decay``,
+  ``weight_decay_mask``, ``mu_dtype``, ``nesterov``, ``adaptive``, ``preconditioning``,
+  ``adam_b1``, ``adam_b2``, ``adam_eps_root``, ``adam_weight_decay``,
+  ``adam_learning_rate``, ``consistent_rms``) is ``optax.contrib.muon``'s, with its default.
+
   Args:
     learning_rate: Muon's rate, a float or an Optax schedule.
-    ns_coeffs, ns_steps, beta, eps, weight_decay, weight_decay_mask, mu_dtype,
-      nesterov, adaptive, preconditioning, adam_b1, adam_b2, adam_eps_root,
-      adam_weight_decay, adam_learning_rate, consistent_rms: as
-      ``optax.contrib.muon``.
     views: per-leaf views (see :func:`muon_dimension_numbers`).
     muon_weight_dimension_numbers: not taken: they are derived from ``views``.
   """
