@@ -25,6 +25,7 @@ from orthojax import linalg
 from orthojax.linalg import leaf_names, views_for
 from orthojax.manifolds import Stiefel
 from orthojax.optim._checks import check_rate
+from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._riemannian import retract
 from orthojax.optim._sharded import owner_sharded
 
@@ -38,9 +39,10 @@ def muon_dimension_numbers(params: Any, views: Any = None) -> Any:
   """Per-leaf ``MuonDimensionNumbers`` (None = Adam) from the matrix view.
 
   Leaves of rank < 2 (biases, scales) get None, i.e. optax's Adam branch.
-  Rank 2 and 4 are Dense and conv kernels. Other ranks need an explicit view
-  (``views``), otherwise a ValueError names the leaf. In a ``views`` tree, a
-  leaf ``False`` sends that parameter to Adam explicitly.
+  Rank 2 and 4 are Dense and conv kernels. Other ranks need a view — explicit
+  (``views``) or recorded by the leaf's Variable (``views`` None) — otherwise a
+  ValueError names the leaf. A view ``False`` (in a ``views`` tree, or a
+  Variable's ``matrix_view=False``) sends that parameter to Adam.
   """
   leaves, treedef = jax.tree_util.tree_flatten(params)
   return treedef.unflatten(_dims(leaves, leaf_names(params), views_for(params, views)))
@@ -79,6 +81,7 @@ def ns_schedule(ns_coeffs: Any, ns_steps: int) -> Any:
 
 
 @owner_sharded
+@reads_recorded_views
 def muon(learning_rate: optax.ScalarOrSchedule, *, views: Any = None,
          **kwargs: Any) -> optax.GradientTransformation:
   """``optax.contrib.muon`` with dimension numbers derived from the matrix view.
@@ -89,7 +92,12 @@ def muon(learning_rate: optax.ScalarOrSchedule, *, views: Any = None,
 
   Args:
     learning_rate: as ``optax.contrib.muon``.
-    views: per-leaf views (see :func:`muon_dimension_numbers`).
+    views: per-leaf views (see :func:`muon_dimension_numbers`). None (default): the
+      views the parameters' Variables record where ``init`` gets them
+      (``nnx.Optimizer(model, tx, wrt=nnx.Param)``; :class:`RecordedViewsState`), so
+      GmP's angles, embeddings, heads and stacked scales (``matrix_view=False``) go
+      to Adam as with ``views=oj.nn.matrix_views(model)``; inferred for bare arrays,
+      where every 2-D leaf is orthogonalized.
     **kwargs: any other ``optax.contrib.muon`` argument.
   """
   check_rate("muon", learning_rate)
@@ -104,6 +112,7 @@ def muon(learning_rate: optax.ScalarOrSchedule, *, views: Any = None,
 
 
 @owner_sharded
+@reads_recorded_views
 def stiefel_muon(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -123,7 +132,9 @@ def stiefel_muon(
     learning_rate: a float or an Optax schedule.
     beta, ns_steps, nesterov: as ``optax.contrib.scale_by_muon``.
     retraction_steps: cubic Newton–Schulz steps of the retraction.
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
+      else inferred.
   """
   check_rate("stiefel_muon", learning_rate)
   def dims(params):
