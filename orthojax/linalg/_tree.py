@@ -3,7 +3,14 @@
 Transforms and penalties map a function over the leaves of ``params`` (and
 same-structured trees), giving it each leaf's matrix view. ``views`` may be:
 
-* None — infer every leaf's view (:func:`infer_view`: 2-D Dense, 4-D conv);
+* None — the views the tree *records*, else inferred: where ``params`` holds
+  Flax NNX Variables (what ``nnx.Optimizer(model, tx, wrt=nnx.Param)`` hands
+  ``tx.init``), each Variable's ``matrix_view`` metadata (:func:`recorded_views`);
+  where it holds bare arrays (what ``tx.update`` gets, or a plain parameter
+  dict), the views :func:`recording` has made current — a transformation
+  initialised on Variables keeps them in its state and makes them current in
+  ``update`` (``orthojax.optim``'s ``RecordedViewsState``); any leaf left
+  without one is inferred (:func:`infer_view`: 2-D Dense, 4-D conv);
 * one view (``MatrixView`` / ``MuonDimensionNumbers``) for every leaf;
 * a tree shaped like ``params`` — possibly *partial*: it is followed along
   each leaf's key path, a view met on the way applies to the whole subtree
@@ -25,7 +32,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
+import functools
 import math
+import sys
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
@@ -63,11 +73,104 @@ def _view_stop(x: Any) -> bool:
   return x is None or x is False or is_view(x)
 
 
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class RecordedViews:
+  """The matrix views a tree's Variables record, by key path; a pytree with no leaves.
+
+  Static (part of a tree's structure, like ``optax.EmptyState``), so a
+  transformation's state can carry it through ``jax.jit``, ``nnx.Optimizer`` and
+  checkpoints without adding arrays.
+
+  Attributes:
+    entries: ``(jax.tree_util.keystr(path), view)`` per Variable that records a view
+      (a :class:`MatrixView` / ``MuonDimensionNumbers``, or False: not a matrix).
+  """
+
+  entries: tuple[tuple[str, Any], ...]
+
+  @functools.cached_property
+  def _by_name(self) -> dict[str, Any]:
+    return dict(self.entries)
+
+  def per_leaf(self, params: Any) -> list[Any]:
+    """One view per leaf of ``params`` (None where none is recorded); ``params`` may
+    hold the Variables themselves or their bare values (same key paths)."""
+    out = []
+    for path, node in _variable_pairs(params):
+      out += [self._by_name.get(jax.tree_util.keystr(path))] * len(jax.tree_util.tree_leaves(node))
+    return out
+
+
+def _variable_type() -> Any:
+  """``flax.nnx.Variable``, or None where Flax was never imported (this layer never
+  imports it: a tree can only hold Variables if the caller did)."""
+  nnx = sys.modules.get("flax.nnx")
+  return getattr(nnx, "Variable", None)
+
+
+def _variable_pairs(tree: Any) -> list[tuple[Any, Any]]:
+  """``(path, node)`` with each Variable one node (its value's leaves below it)."""
+  variable = _variable_type()
+  is_leaf = None if variable is None else (lambda x: isinstance(x, variable))
+  return jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]
+
+
+def _hashable(view: Any) -> Any:
+  try:
+    hash(view)
+    return view
+  except TypeError:   # a view with list axes: the same view with tuples
+    as_tuple = lambda a: tuple(a) if isinstance(a, (list, tuple)) else a
+    return MatrixView(as_tuple(view.reduction_axis), as_tuple(view.output_axis))
+
+
+def recorded_views(tree: Any) -> RecordedViews | None:
+  """The ``matrix_view`` metadata of the Flax NNX Variables in ``tree``.
+
+  ``tree`` is what ``nnx.Optimizer(model, tx, wrt=...)`` hands ``tx.init``
+  (``nnx.state(model, wrt)``: the Variables themselves), a sub-tree of it
+  (``optax.partition`` masks the rest), or anything else. Returns None where it
+  holds no Variable that records a view (bare arrays, a plain ``nnx.Linear``).
+  """
+  variable = _variable_type()
+  if variable is None:
+    return None
+  entries = []
+  for path, node in _variable_pairs(tree):
+    if isinstance(node, variable):
+      view = node.get_metadata().get("matrix_view")
+      if view is not None:
+        entries.append((jax.tree_util.keystr(path), _hashable(view)))
+  return RecordedViews(tuple(entries)) if entries else None
+
+
+_RECORDED: contextvars.ContextVar[RecordedViews | None] = contextvars.ContextVar(
+    "orthojax_recorded_views", default=None)
+
+
+@contextlib.contextmanager
+def recording(views: RecordedViews | None) -> Iterator[None]:
+  """Make ``views`` the recorded views that ``views=None`` means for bare arrays, while
+  transformations run in this block (a transformation's ``update`` gets bare arrays)."""
+  token = _RECORDED.set(views)
+  try:
+    yield
+  finally:
+    _RECORDED.reset(token)
+
+
+def current_recorded_views() -> RecordedViews | None:
+  """The views :func:`recording` made current, or None."""
+  return _RECORDED.get()
+
+
 def views_for(params: Any, views: Any) -> list[Any]:
   """One view per leaf of ``params`` (flattening order); None = infer, False = none."""
   paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
   if views is None:
-    return [None] * len(paths)
+    recorded = recorded_views(params) or _RECORDED.get()
+    return [None] * len(paths) if recorded is None else recorded.per_leaf(params)
   if callable(views) and not is_view(views):
     views = views(params)
   out = []

@@ -7,7 +7,9 @@ Optimizers: :func:`rsgd`, :func:`radam`, :func:`projected_gradient`,
 :func:`stiefel_muon`; :func:`fused_stiefel_adam` and :func:`fused_stiefel_momentum` are
 ``radam``'s and ``rsgd``'s fused Stiefel paths. Regularisation: :func:`add_orthogonality_penalty`.
 Routing: :func:`partition` (:func:`keeps_manifold` tells which transformations keep
-a manifold leaf on its manifold). Pod scale: :func:`shard_update` (each matrix's update
+a manifold leaf on its manifold). Views: every transformation that takes ``views=``
+defaults to the views the parameters' Flax Variables record where ``init`` gets them
+(``nnx.Optimizer``), kept in a :class:`RecordedViewsState`; bare arrays are inferred. Pod scale: :func:`shard_update` (each matrix's update
 computed once, by its owner device), :func:`sharded_updates`,
 :func:`replicated_state` / :func:`sharded_state`.
 """
@@ -31,6 +33,7 @@ from orthojax.optim._muon import to_muon
 from orthojax.optim._partition import partition
 from orthojax.optim._penalty import AddOrthogonalityPenaltyState
 from orthojax.optim._penalty import add_orthogonality_penalty
+from orthojax.optim._recorded import RecordedViewsState
 from orthojax.optim._riemannian import RetractState
 from orthojax.optim._riemannian import RiemannianMomentumState
 from orthojax.optim._riemannian import ScaleByRiemannianAdamState

@@ -10,6 +10,7 @@ from orthojax.manifolds import Manifold, Stiefel
 from orthojax.optim._checks import check_rate
 from orthojax.optim._fused import fused_stiefel_adam, supports_fused
 from orthojax.optim._fused_momentum import fused_stiefel_momentum
+from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._riemannian import (project_to_tangent, retract, riemannian_momentum,
                                          scale_by_riemannian_adam)
 from orthojax.optim._sharded import owner_sharded
@@ -20,6 +21,7 @@ def _default(manifold):
 
 
 @owner_sharded
+@reads_recorded_views
 def rsgd(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Manifold | None = None,
@@ -37,7 +39,9 @@ def rsgd(
     manifold: default ``Stiefel()`` (QR retraction, Euclidean metric).
     momentum: heavy-ball decay; 0 disables the trace.
     nesterov: Nesterov momentum.
-    views: per-leaf matrix views (see ``orthojax.linalg.map_views``).
+    views: per-leaf matrix views (``orthojax.linalg.map_views``); None (default): those
+      the parameters' Variables record, on the ``nnx.Optimizer`` path
+      (:class:`orthojax.optim.RecordedViewsState`), else inferred.
     reorthonormalize_every: see :func:`orthojax.optim.retract`.
 
   The result is the chain ``project_to_tangent``, ``riemannian_momentum`` (when
@@ -60,6 +64,7 @@ def rsgd(
 
 
 @owner_sharded
+@reads_recorded_views
 def radam(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Manifold | None = None,
@@ -100,6 +105,7 @@ def radam(
 
 
 @owner_sharded
+@reads_recorded_views
 def projected_gradient(
     optimizer: optax.GradientTransformation | optax.ScalarOrSchedule,
     manifold: Manifold | None = None,
@@ -118,7 +124,9 @@ def projected_gradient(
     optimizer: an Optax transformation producing ambient updates, or a learning
       rate (then plain SGD).
     manifold: default ``Stiefel("polar")``.
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
+      else inferred.
   """
   if not isinstance(optimizer, optax.GradientTransformation):
     check_rate("projected_gradient", optimizer, "optimizer")

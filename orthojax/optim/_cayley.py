@@ -51,6 +51,7 @@ from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import cayley_generator, polish, reorthonormalize_newton_schulz
 from orthojax.optim._checks import check_rate
 from orthojax.optim._keeps import retracting
+from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
 from orthojax.optim._sharded import owner_sharded
@@ -120,6 +121,7 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
 
 
 @owner_sharded
+@reads_recorded_views
 @retracting
 def cayley_sgd(
     learning_rate: optax.ScalarOrSchedule,
@@ -142,7 +144,9 @@ def cayley_sgd(
     reorthonormalize_every: replace the iterate by its polar factor every this
       many steps (None: never), by Newton–Schulz steps
       (:func:`orthojax.manifolds.reorthonormalize_newton_schulz`).
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
+      else inferred.
 
   Returns:
     An ``optax.GradientTransformation`` taking Euclidean gradients.
@@ -153,6 +157,7 @@ def cayley_sgd(
 
 
 @owner_sharded
+@reads_recorded_views
 @retracting
 def cayley_adam(
     learning_rate: optax.ScalarOrSchedule,

@@ -76,6 +76,7 @@ from orthojax import linalg
 from orthojax.manifolds import Stiefel, polish
 from orthojax.optim._checks import check_rate
 from orthojax.optim._keeps import retracting
+from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._riemannian import (RetractState, ScaleByRiemannianAdamState,
                                          _SECOND_MOMENTS, _require_params, project_to_tangent,
                                          retract, scale_by_riemannian_adam)
@@ -149,6 +150,7 @@ def retract_tall(manifold: Stiefel, x, xi, omega, stored_dtype, count,
 
 
 @owner_sharded
+@reads_recorded_views
 @retracting
 def fused_stiefel_adam(
     learning_rate: optax.ScalarOrSchedule,
@@ -176,7 +178,9 @@ def fused_stiefel_adam(
     second_moment: "elementwise", "matrix" or "matrix_sum" (see
       :func:`orthojax.optim.scale_by_riemannian_adam`).
     nesterov: Nesterov-style first moment.
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
+      else inferred.
     reorthonormalize_every: see :func:`orthojax.optim.retract`.
 
   Returns:

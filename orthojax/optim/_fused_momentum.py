@@ -42,6 +42,7 @@ from orthojax.manifolds import Stiefel
 from orthojax.optim._checks import check_rate
 from orthojax.optim._fused import retract_tall, supports_fused
 from orthojax.optim._keeps import retracting
+from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._riemannian import (RetractState, RiemannianMomentumState, _require_params,
                                          project_to_tangent, retract, riemannian_momentum)
 from orthojax.optim._scope import scoped
@@ -49,6 +50,7 @@ from orthojax.optim._sharded import owner_sharded
 
 
 @owner_sharded
+@reads_recorded_views
 @retracting
 def fused_stiefel_momentum(
     learning_rate: optax.ScalarOrSchedule,
@@ -70,7 +72,9 @@ def fused_stiefel_momentum(
     manifold: a :class:`orthojax.manifolds.Stiefel` with the Euclidean metric.
     momentum: decay ``mu`` in [0, 1).
     nesterov: Nesterov's variant.
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
+      else inferred.
     reorthonormalize_every: see :func:`orthojax.optim.retract`.
 
   Returns:

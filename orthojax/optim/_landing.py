@@ -60,6 +60,7 @@ from orthojax.linalg import map_views
 from orthojax.manifolds import polish
 from orthojax.optim._checks import check_rate
 from orthojax.optim._keeps import retracting
+from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
 from orthojax.optim._sharded import owner_sharded
@@ -88,6 +89,7 @@ def safe_step_size(a, d, lam, eps):
 
 
 @owner_sharded
+@reads_recorded_views
 @retracting
 def landing(
     learning_rate: optax.ScalarOrSchedule,
@@ -104,7 +106,9 @@ def landing(
     eps: radius of the safe region (paper: 0.5); must be in (0, 1).
     safe_step: cap the step at ``eta*`` (recommended; without it a large step
       can leave the safe region and diverge).
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
+      else inferred.
 
   Returns:
     An ``optax.GradientTransformation`` taking Euclidean gradients and

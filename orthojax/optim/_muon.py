@@ -28,6 +28,7 @@ from orthojax import linalg
 from orthojax.linalg import leaf_names, map_views, unzip, views_for
 from orthojax.manifolds import Stiefel
 from orthojax.optim._checks import check_rate
+from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._riemannian import retract
 from orthojax.optim._sharded import owner_sharded
 
@@ -88,6 +89,7 @@ def ns_schedule(ns_coeffs: Any, ns_steps: int) -> Any:
   return tuple(coeffs[min(i, len(coeffs) - 1)] for i in range(int(ns_steps)))
 
 
+@reads_recorded_views
 def scale_by_muon(
     *,
     views: Any = None,
@@ -176,6 +178,7 @@ def scale_by_shape(*, views: Any = None,
 
 
 @owner_sharded
+@reads_recorded_views
 def muon(
     learning_rate: optax.ScalarOrSchedule,
     ns_coeffs: Any = _QUINTIC,
@@ -248,6 +251,7 @@ def muon(
 
 
 @owner_sharded
+@reads_recorded_views
 def stiefel_muon(
     learning_rate: optax.ScalarOrSchedule,
     *,

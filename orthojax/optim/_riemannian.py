@@ -33,6 +33,7 @@ from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import Manifold, Stiefel
 from orthojax.optim._keeps import retracting
+from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._scope import scoped
 
 _SECOND_MOMENTS = ("elementwise", "matrix", "matrix_sum")
@@ -55,6 +56,7 @@ def _check_manifold(manifold, who):
     raise TypeError(f"{who}: manifold must be an orthojax.manifolds.Manifold, got {manifold!r}")
 
 
+@reads_recorded_views
 def project_to_tangent(manifold: Manifold, views: Any = None) -> optax.GradientTransformation:
   """Euclidean gradient -> Riemannian gradient (``manifold.egrad_to_rgrad``).
 
@@ -64,7 +66,9 @@ def project_to_tangent(manifold: Manifold, views: Any = None) -> optax.GradientT
 
   Args:
     manifold: an :class:`orthojax.manifolds.Manifold`.
-    views: per-leaf matrix views (see ``orthojax.linalg.map_views``).
+    views: per-leaf matrix views (``orthojax.linalg.map_views``); None (default): those
+      the parameters' Variables record, on the ``nnx.Optimizer`` path
+      (:class:`orthojax.optim.RecordedViewsState`), else inferred.
 
   Returns:
     A stateless ``optax.GradientTransformation``.
@@ -86,6 +90,7 @@ class RiemannianMomentumState(NamedTuple):
   trace: optax.Params
 
 
+@reads_recorded_views
 def riemannian_momentum(manifold: Manifold, momentum: float = 0.9, nesterov: bool = False,
                         views: Any = None,
                         accumulator_dtype: Any = None) -> optax.GradientTransformation:
@@ -99,7 +104,9 @@ def riemannian_momentum(manifold: Manifold, momentum: float = 0.9, nesterov: boo
     manifold: the manifold the params live on.
     momentum: decay ``mu`` in [0, 1).
     nesterov: Nesterov's variant.
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
+      else inferred.
     accumulator_dtype: dtype of the trace (default: the params').
 
   Returns:
@@ -136,6 +143,7 @@ class ScaleByRiemannianAdamState(NamedTuple):
   nu: optax.Params
 
 
+@reads_recorded_views
 def scale_by_riemannian_adam(
     manifold: Manifold,
     b1: float = 0.9,
@@ -181,7 +189,9 @@ def scale_by_riemannian_adam(
     second_moment: "elementwise", "matrix" or "matrix_sum".
     nesterov: Nesterov-style first moment (as ``optax.scale_by_adam``).
     mu_dtype: dtype of the first moment.
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
+      else inferred.
 
   Returns:
     An ``optax.GradientTransformation``; expects Riemannian gradients.
@@ -250,6 +260,7 @@ class RetractState(NamedTuple):
   count: jnp.ndarray
 
 
+@reads_recorded_views
 @retracting
 def retract(manifold: Manifold, views: Any = None,
             reorthonormalize_every: int | None = None) -> optax.GradientTransformation:
@@ -262,7 +273,9 @@ def retract(manifold: Manifold, views: Any = None,
 
   Args:
     manifold: the manifold (its ``retraction`` option picks the map).
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
+      else inferred.
     reorthonormalize_every: if set, every this many steps the new point is
       replaced by the closest point of the manifold
       (``manifold.reorthonormalize``: Newton–Schulz steps for Stiefel),
