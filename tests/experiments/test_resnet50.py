@@ -17,6 +17,7 @@ import pytest
 
 from experiments import resnet50
 from orthojax.train.config import Config
+from tests import compile_cache
 from tests.experiments import _cli
 
 SMOKE = "--flagfile=experiments/flags/resnet50_smoke.flags"
@@ -87,7 +88,7 @@ def test_smoke_flagfile_is_the_recipe_scaled_down():
 
 
 def _popen(*args: str) -> subprocess.Popen:
-  env = dict(os.environ)
+  env = compile_cache.env(os.environ)
   env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
   env["PYTHONPATH"] = _cli.REPO + os.pathsep + env.get("PYTHONPATH", "")
   return subprocess.Popen([sys.executable, "-m", "experiments.resnet50", *args], env=env,
