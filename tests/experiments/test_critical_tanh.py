@@ -285,13 +285,16 @@ def test_curves_say_the_seeds_and_label_a_narrow_log_axis_plainly(tmp_path, monk
 
 def test_the_probe_picks_each_cells_rates_and_the_train_stage_uses_them(tmp_path):
   """Per (q*, kind): the best validation top-1 of each group's grid, the manifold rate
-  first; the trained networks' config.json holds those rates; --rates_from reuses them."""
+  first; the trained networks' config.json holds those rates; --rates_from reuses them.
+  The networks train one epoch without diagnostics after init (what is checked here is
+  their rates): the programs of the probe's trials."""
   workdir = tmp_path / "probe"
+  short = ("--diagnostic_epochs=0", "--config.num_epochs=1")
   grids = ["--probe_epochs=1", "--probe_rates_euclidean=1e-3,1e-2",
            "--probe_rates_manifold=1e-3,1e-2,1e-1", "--probe_rates_rest=1e-3,1e-2",
            "--probe_widen=0", "--q_stars=0.5"]
-  _cli.run("critical_tanh", SMOKE, *grids, "--stages=probe,train", f"--workdir={workdir}",
-           timeout=900)
+  _cli.run("critical_tanh", SMOKE, *grids, *short, "--stages=probe,train",
+           f"--workdir={workdir}", timeout=900)
   rates = json.loads((workdir / "probe/rates.json").read_text())
   assert list(rates["cells"]) == ["q_star=0.5/weights=euclidean", "q_star=0.5/weights=stiefel"]
   for name, entry in rates["cells"].items():
@@ -316,7 +319,7 @@ def test_the_probe_picks_each_cells_rates_and_the_train_stage_uses_them(tmp_path
                           "config.optimizer.stiefel.learning_rate") for n in notes)
   again = tmp_path / "again"
   _cli.run("critical_tanh", SMOKE, "--q_stars=0.5", "--weight_kinds=stiefel", "--stages=train",
-           f"--rates_from={workdir}", f"--workdir={again}", timeout=300)
+           *short, f"--rates_from={workdir}", f"--workdir={again}", timeout=300)
   config = json.loads((again / "runs/q_star=0.5/weights=stiefel/seed=0/config.json").read_text())
   assert config["optimizer"]["stiefel"]["learning_rate"] == stiefel["rates"]["stiefel"]
   assert config["optimizer"]["euclidean"]["learning_rate"] == stiefel["rates"]["euclidean"]
