@@ -18,6 +18,9 @@ from orthojax.train.config import ConfigError
 from tests.experiments import _cli
 
 SMOKE = "--flagfile=experiments/flags/critical_tanh_smoke.flags"
+# The runs that measure and train the smoke networks, on one xdist worker one after the
+# other: the later ones reuse the first's compiled programs (tests/compile_cache.py).
+SMOKE_NETWORKS = pytest.mark.xdist_group("e5_smoke_networks")
 
 
 # λ_max(F) and σ_max(J) against dense references: tests/analysis/test_isometry.py.
@@ -40,6 +43,7 @@ def test_config_help_needs_no_workdir_and_builds_first(tmp_path):
       "error: config.optimizer.stiefel.name='adam': not a manifold optimizer"), bad.stderr
 
 
+@SMOKE_NETWORKS
 def test_smoke_flagfile_reports_rho_beside_the_paper(tmp_path):
   workdir = tmp_path / "e5"
   proc = _cli.run("critical_tanh", SMOKE, f"--workdir={workdir}")
@@ -66,6 +70,7 @@ def test_smoke_flagfile_reports_rho_beside_the_paper(tmp_path):
   assert "Report: " in proc.stdout
 
 
+@SMOKE_NETWORKS
 def test_init_stage_alone_measures_every_network_once_and_resumes(tmp_path):
   """``--stages=init``: one record per network, no training; a rerun reads the records
   (a record edited on disk shows up in the report unchanged)."""
@@ -112,6 +117,7 @@ def test_loss_at_and_first_step_below_read_the_logged_curve():
   assert critical_tanh.first_step_below(curve, 0.1) is None
 
 
+@SMOKE_NETWORKS
 def test_include_workdirs_reports_kinds_trained_in_separate_workdirs(tmp_path):
   """Each kind of network at its own rates in its own workdir; the second report includes
   the first's networks: rows, the speed notes (numbers = the records' curves) and plots."""

@@ -115,6 +115,12 @@ def test_a_flat_view_fails_when_the_run_is_built():
     program.check(config, devices=jax.devices()[:1])
 
 
+# The smoke run and the two-seed run on one xdist worker, one after the other: the second
+# reuses the first's compiled programs (tests/compile_cache.py).
+SMOKE_RUNS = pytest.mark.xdist_group("e6_smoke_runs")
+
+
+@SMOKE_RUNS
 def test_smoke_flagfile_runs_and_reports(tmp_path):
   # Runs with the same program (same depth / penalty kind) share XLA compilations: the
   # session's cache (tests/compile_cache.py).
@@ -280,6 +286,7 @@ def test_lambda_sweep_means_se_best_and_plot(tmp_path):
   assert path.endswith("sweep.png") and png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+@SMOKE_RUNS
 def test_two_seeds_two_lambdas_claim_rows_and_sweep_plot(tmp_path):
   """A tiny real run: 2 seeds, 2 λ, 1 epoch. The claim rows are the per-seed differences of
   the runs' own result.json files; the sweep plot is written."""
