@@ -26,6 +26,7 @@ import orthojax as oj
 from orthojax.train import Config
 from orthojax.train import ConfigError
 from orthojax.train import fit
+from tests import compile_cache
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -73,8 +74,9 @@ SCRIPT = textwrap.dedent('''
 
 
 def _run(script, workdir, kill_at=0):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             PYTHONPATH=REPO, KILL_AT=str(kill_at), JAX_PLATFORMS="cpu")
+  env = dict(compile_cache.env(os.environ),
+             XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=REPO,
+             KILL_AT=str(kill_at), JAX_PLATFORMS="cpu")
   return subprocess.run([sys.executable, str(script), str(workdir)], env=env, cwd=REPO,
                         capture_output=True, text=True, timeout=600)
 

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import compile_cache
 from tests.train.processes import run_together
 
 from orthojax.train import data as data_lib
@@ -129,7 +130,7 @@ def _cli(workdir, *extra):
 
 
 def _env(devices=8):
-  env = dict(os.environ)
+  env = compile_cache.env(os.environ)
   env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   env["PYTHONPATH"] = _REPO + os.pathsep + env.get("PYTHONPATH", "")
   return env
