@@ -225,7 +225,7 @@ def muon(
     muon_weight_dimension_numbers: not taken: they are derived from ``views``.
   """
   check_rate("muon", learning_rate)
-  if muon_weight_dimension_numbers is not _FROM_VIEWS:
+  if muon_weight_dimension_numbers != _FROM_VIEWS:
     raise ValueError("muon: pass views=..., not muon_weight_dimension_numbers (derived from them)")
   if adam_learning_rate is not None:
     check_rate("muon", adam_learning_rate, "adam_learning_rate")
