@@ -39,7 +39,7 @@ class Recorder:
 def _train(config, tmp_path, hooks):
   workdir = str(tmp_path / "run")
   result = trainer.train(config.replace(workdir=workdir), hooks=hooks,
-                         devices=jax.devices()[:1], print_fn=lambda *a, **k: None)
+                         devices=jax.devices()[:1], print_fn=lambda line: None)
   return result, read_jsonl(os.path.join(workdir, "metrics.jsonl"))
 
 
