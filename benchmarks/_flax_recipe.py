@@ -1,8 +1,8 @@
 """The Flax ImageNet example's ResNet recipe, written as a throughput baseline.
 
-The performance issue asks that orthojax's ResNet-50 training step be at
-least as fast as the Flax ImageNet example's recipe on the same device and
-batch. This module rebuilds that recipe from its published description (our
+The throughput suite's target is orthojax's ResNet-50 training step at least
+as fast as the Flax ImageNet example's recipe on the same device and batch.
+This module rebuilds that recipe from its published description (our
 own code; nothing is copied) so both run side by side in one process:
 
 * model: Linen ResNet v1.5 (stride on the 3×3 conv of a bottleneck), convs

@@ -1,7 +1,7 @@
 """The QR steps on a loaded machine: a second job on every core, against idle.
 
-On a small shared CPU, LAPACK's threads once made a QR step collapse under load (a
-32 × 400 × 400 QR 36× slower with the machine busy, issue 29). This suite times
+On a small shared CPU, LAPACK threads that outnumber the free cores can make a QR step
+collapse under load (a 32 × 400 × 400 QR 36× slower with the machine busy). This suite times
 orthojax's QR-retraction steps (Riemannian Adam and SGD with momentum, the retraction
 by CholeskyQR2, the default, and by Householder QR) on the stacks of the peers suite, idle and
 with a second job running: ``os.cpu_count()`` processes spinning on a Python loop at

@@ -15,7 +15,7 @@ Optimizers: ``radam`` with each Stiefel retraction (QR, exact Cayley,
 iterative Cayley, polar, Newton–Schulz; element-wise second moment) and with
 the per-matrix second moment, ``cayley_adam``, ``landing``; Muon is reported.
 
-Target (issue "Performance", all backends — a count, not a timing): state
+Target (all backends — a count, not a timing): state
 bytes <= 2x Adam's on the same params. Adam keeps two moments (2x the params);
 radam keeps the same two (the first transported), plus a step count.
 """

@@ -33,7 +33,7 @@ a case alternate call by call and the median is reported; the 1-minute load aver
 in the table's header. Before timing, every Riemannian method takes 10 steps and must leave its
 weights orthonormal (``‖WᵀW − I‖_F ≤ 1e-4``), else the case raises.
 
-Targets (issue: ahead of geoopt on the same CPU), CPU only: each optimizer step at
+Targets (ahead of geoopt on the same CPU), CPU only: each optimizer step at
 ``≤ 0.8×`` geoopt's time for the same algorithm; the whole training step's Riemannian
 overhead over its own Adam at or below geoopt's over torch's Adam.
 

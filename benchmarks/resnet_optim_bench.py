@@ -22,7 +22,7 @@ kernels); on the CPU the suite also times ``radam`` traced under
 ``oj.linalg.bucketing(False)``, one chain of kernels per leaf, and reports the
 ratio. Batch 32, or 256 (the paper's per-GPU batch) on a GPU.
 
-Targets (issue "Performance", GPU only): ``radam / sgd`` <= 1.15x,
+Targets (GPU only): ``radam / sgd`` <= 1.15x,
 ``muon / sgd`` <= 1.05x. On CPU they are reported, not judged: there the
 per-kernel matrix work competes with convolutions on the same two cores.
 ``quick`` runs ResNet-18 at batch 2 on 64×64 images (a CPU smoke run).

@@ -51,7 +51,7 @@ def _child(num_steps: int) -> dict[str, float]:
       workdir = os.path.join(tmp, name.replace(" ", "_").replace("=", ""))
       devices = jax.devices()[:1] if name == "1 device" else jax.devices()[:8]
       trainer.train(base.replace(workdir=workdir, mesh=mesh), devices=devices,
-                    print_fn=lambda *a, **k: None)
+                    print_fn=lambda line: None)
       rates = [r["steps_per_sec"] for r in metrics.read_jsonl(f"{workdir}/metrics.jsonl")
                if r["split"] == "train" and "steps_per_sec" in r]
       out[name] = statistics.median(rates[1:] or rates)

@@ -13,7 +13,7 @@ one machine load; images/s = batch / median step time):
   SGD momentum 0.9, L2 1e-4 on the kernels, plateau learning-rate scale,
   the non-finite guard, loss / accuracy / gradient-norm metrics).
 
-Targets (the performance issue): ``orthojax bn / flax recipe`` ≥ 1 (at least
+Targets: ``orthojax bn / flax recipe`` ≥ 1 (at least
 the recipe's throughput), ``gmp_imn / bn`` ≥ 0.9 and ``wn_mbn / bn`` ≥ 0.9,
 all as throughput ratios, on every backend. Batch: 32 at 224² on CPU, 256 on
 an accelerator (the recipe's per-device batch with mixed precision).

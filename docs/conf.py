@@ -115,6 +115,8 @@ _EXTERNAL = [
 _EXTERNAL.append(r"(tuple|dict|list|Mapping)\[\w+")
 # orthojax's own private type aliases, shown by name in a few signatures.
 _EXTERNAL.append(r"(ArrayFn|Coeffs)")
+# the trainer's internals that Loop's signature and docstring name (not in the API pages)
+_EXTERNAL.append(r"orthojax\.train\.(program|inputs|workdir_lock)(\..*)?")
 nitpick_ignore_regex = [(role, pattern) for role in ("py:class", "py:obj", "py:data",
                                                      "py:func", "py:mod", "py:exc")
                         for pattern in _EXTERNAL]

@@ -1,8 +1,10 @@
 """orthojax: orthogonality in neural networks for JAX, Flax and Optax.
 
 Layers (imports only point down): ``linalg`` -> ``manifolds`` -> ``penalties``
-and ``optim`` -> ``nn`` -> ``analysis`` -> ``models`` -> ``train``. Nothing in
-the library imports ``train`` or the experiments.
+and ``optim`` -> ``nn`` -> ``analysis`` -> ``models`` -> ``train`` -> ``compile``
+(what a job costs before it runs). Nothing in the library below them imports
+``train`` or ``compile``, and nothing imports the experiments; both are imported
+on their own (``from orthojax.compile import aot``), not by ``import orthojax``.
 """
 
 from orthojax import _no_tpu

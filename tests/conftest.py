@@ -3,6 +3,8 @@
 Eight simulated CPU devices so sharding tests can build real meshes; the flag
 must be set before jax is first imported. Hypothesis runs without deadlines
 (jit compilation makes the first example slow) and with few examples in CI.
+The programs tests run as subprocesses share one XLA compilation cache per session
+(tests/compile_cache.py).
 """
 
 import os
@@ -16,7 +18,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # jaxlib's CPU SVD/QR call OpenBLAS, whose threads fight XLA's on 2 cores.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
 from hypothesis import HealthCheck, settings  # noqa: E402
+import pytest  # noqa: E402
+
+from tests import compile_cache  # noqa: E402
 
 settings.register_profile(
     "ci", max_examples=8, deadline=None, derandomize=True,
@@ -25,3 +33,21 @@ settings.register_profile(
     "dev", max_examples=25, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+_OWN_CACHE = pytest.StashKey[str]()
+
+
+def pytest_configure(config):
+  """One compilation cache directory for the session's subprocesses (tests/compile_cache.py),
+  made by the first pytest process (the xdist controller) and inherited by its workers."""
+  if not os.environ.get(compile_cache.VAR):
+    path = tempfile.mkdtemp(prefix="orthojax-test-xla-cache-")
+    os.environ[compile_cache.VAR] = path
+    config.stash[_OWN_CACHE] = path
+
+
+def pytest_unconfigure(config):
+  path = config.stash.get(_OWN_CACHE, None)
+  if path:
+    shutil.rmtree(path, ignore_errors=True)
+    os.environ.pop(compile_cache.VAR, None)

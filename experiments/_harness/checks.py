@@ -12,10 +12,10 @@ import jax
 
 from experiments._harness import cli
 from experiments._harness.runs import Run
-from orthojax.train import aot
+from orthojax.compile import aot
+from orthojax.compile import topology
 from orthojax.train import config as config_lib
 from orthojax.train import program
-from orthojax.train import topology
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
 
@@ -92,8 +92,8 @@ def _check_run(run: Run, name_it: bool) -> None:
     raise ConfigError(f"{e} (run {run.name})") from None
 
 
-def compile_runs(runs: Sequence[Run], workdir: str, *, print_fn: Callable[..., None] = print
-                 ) -> NoReturn:
+def compile_runs(runs: Sequence[Run], workdir: str, *,
+                 print_fn: Callable[[str], Any] = cli.echo) -> NoReturn:
   """``--compile_for``: compile each distinct program of ``runs`` for the topology and stop.
 
   Prints one table per program, writes them all to ``<workdir>/compile_report.json``
@@ -110,13 +110,13 @@ def compile_runs(runs: Sequence[Run], workdir: str, *, print_fn: Callable[..., N
       print_fn(f"Compiling {run.name or 'the run'} for {target}"
                + (f" × {run.config.mesh.num_slices} slices" if run.config.mesh.num_slices > 1
                   else "")
-               + " …", flush=True)
+               + " …")
       report = aot.compile_for(run.config, target,
                                num_chips=len(run.devices) if run.devices else None)
       reports[run.name or "run"] = report
-      print_fn(report.table() + "\n", flush=True)
+      print_fn(report.table() + "\n")
     if workdir and cli.is_writer():
-      print_fn(f"Compile report: {aot.write_reports(workdir, reports)}", flush=True)
+      print_fn(f"Compile report: {aot.write_reports(workdir, reports)}")
     for report, run in zip(reports.values(), programs):
       report.check_fits(run.config)
   except (ConfigError, ValueError, topology.TopologyError, aot.DoesNotFitError) as e:

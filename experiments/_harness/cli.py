@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import sys
@@ -171,6 +172,33 @@ def config_dict() -> dict[str, Any]:
 def run(main: Callable[[list[str]], Any]) -> None:
   """``app.run(main)`` with :func:`parse_flags`: every experiment's ``__main__``."""
   app.run(main, flags_parser=parse_flags)
+
+
+def echo(line: str) -> None:
+  """The experiments' console: ``line`` on stdout, flushed (a pipe sees it at once)."""
+  print(line, flush=True)
+
+
+class _Stdout(logging.Handler):
+  """Log records as plain lines on the current ``sys.stdout`` (:func:`echo`)."""
+
+  def emit(self, record: logging.LogRecord) -> None:
+    try:
+      echo(self.format(record))
+    except Exception:  # pylint: disable=broad-except  (logging's own convention)
+      self.handleError(record)
+
+
+def show_progress() -> None:
+  """Show orthojax's console lines (Python logging, logger ``orthojax``: a run's progress,
+  resume and warnings) on stdout as plain lines, as the experiments always printed them,
+  whatever absl's ``--verbosity`` leaves of the other libraries' logs (on stderr). Once per
+  process; repeated calls change nothing."""
+  logger = logging.getLogger("orthojax")
+  logger.setLevel(logging.INFO)
+  logger.propagate = False   # not also through absl's handler (stderr, with a prefix)
+  if not any(isinstance(h, _Stdout) for h in logger.handlers):
+    logger.addHandler(_Stdout())
 
 
 def check_workdir(workdir: str) -> None:

@@ -90,7 +90,8 @@ def main(experiment: Experiment) -> None:
 
 
 def start(argv: Sequence[str]) -> Config:
-  """Common start of ``main``: check argv, quiet Orbax, start jax.distributed, read flags.
+  """Common start of ``main``: check argv, quiet Orbax, show the runs' progress lines
+  (:func:`cli.show_progress`), start jax.distributed, read flags.
 
   Returns the base config, its ranges and choices checked (:meth:`Config.validate`; a bad
   flag exits with one line naming it, status 2). Its sections are checked by building the
@@ -101,6 +102,7 @@ def start(argv: Sequence[str]) -> Config:
   runs_lib.SITTING.reset()
   if not flags.FLAGS["verbosity"].present:   # Orbax logs every save at INFO
     logging.set_verbosity(logging.WARNING)
+  cli.show_progress()   # the runs' progress lines (orthojax's logger) on stdout
   fv = flags.FLAGS
   cli.check_workdir(fv.workdir)
   if fv.compile_for:   # abstract TPU devices only; this machine's backend is the CPU

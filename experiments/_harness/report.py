@@ -116,8 +116,9 @@ def markdown_table(rows: Sequence[Row], extra_columns: Sequence[str] = ()) -> st
 def write_report(workdir: str, *, experiment: str, title: str, rows: Sequence[Row],
                  config: Config | None = None, notes: Iterable[str] = (),
                  plots: Iterable[str] = (), seconds: float | None = None,
-                 print_fn: Callable[..., None] = print) -> str:
-  """Write ``results.json`` and ``report.md`` to ``workdir``; print the table.
+                 print_fn: Callable[[str], Any] = cli.echo) -> str:
+  """Write ``results.json`` and ``report.md`` to ``workdir``; print the table
+  (``print_fn(line)``, default stdout).
 
   ``seconds`` is this sitting's wall time; the report states the experiment's,
   summed over the sittings that trained (:func:`runs.wall_time`), so a rerun that
@@ -155,10 +156,10 @@ def write_report(workdir: str, *, experiment: str, title: str, rows: Sequence[Ro
         "notes": notes, "plots": plots, "environment": environment, "seconds": seconds,
         "config": dataclasses.asdict(config) if config is not None else None})
     (epath.Path(workdir) / REPORT).write_text(markdown)
-    print_fn("\n" + markdown, flush=True)
-    print_fn(f"Report: {os.path.join(_abspath(workdir), REPORT)}", flush=True)
+    print_fn("\n" + markdown)
+    print_fn(f"Report: {os.path.join(_abspath(workdir), REPORT)}")
     for p in plots:
-      print_fn(f"Plot: {p}", flush=True)
+      print_fn(f"Plot: {p}")
   return markdown
 
 

@@ -73,7 +73,7 @@ def result_path(run: Run, workdir: str) -> str:
 
 def execute(run: Run, workdir: str, *, verbose: bool = False,
             extra: Callable[[Any], dict[str, Any]] | None = None,
-            print_fn: Callable[..., None] = print) -> dict[str, Any]:
+            print_fn: Callable[[str], Any] = cli.echo) -> dict[str, Any]:
   """Train ``run`` in :meth:`Run.directory` and return its record.
 
   The record (also ``result.json`` in the run directory) holds the tags, the
@@ -83,18 +83,21 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
   :class:`~orthojax.train.trainer.TrainResult` (e.g. spectra of the final
   weights; a ``"headline"`` string there replaces the metrics in the
   one-line summary). A run whose ``result.json`` exists is not trained again.
+
+  ``print_fn(line)`` takes the console lines: the run's summary, its resume and
+  checkpoint notices, and with ``verbose`` every line of the run (the trainer's
+  ``print_fn``).
   """
 
   done = result_path(run, workdir)
   if epath.Path(done).exists():
     record = json.loads(epath.Path(done).read_text())
-    print_fn(f"  {run.name}: done earlier ({_summary(record)})", flush=True)
+    print_fn(f"  {run.name}: done earlier ({_summary(record)})")
     return record
 
-  def quiet(*args, **kwargs):   # a run's own lines only with --verbose
-    text = " ".join(str(a) for a in args)
-    if verbose or text.startswith(("Resumed", "Preempted", "Checkpoint step", "  moved to")):
-      print_fn(text, **kwargs)
+  def quiet(line: str) -> None:   # a run's own lines only with --verbose
+    if verbose or line.startswith(("Resumed", "Preempted", "Checkpoint step", "  moved to")):
+      print_fn(line)
 
   start_time = time.perf_counter()
   result = cli.fail_on_config_error(lambda: trainer.train(
@@ -117,7 +120,7 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
   }
   if cli.is_writer():
     write_json(done, record)
-  print_fn(f"  {run.name}: {_summary(record)}", flush=True)
+  print_fn(f"  {run.name}: {_summary(record)}")
   return record
 
 

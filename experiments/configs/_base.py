@@ -25,8 +25,9 @@ from orthojax.train import registry
 
 SUPPLIED = registry.SUPPLIED_KEYWORDS
 # A keyword defaulting to None takes this type from the command line, by its annotation
-# ("Any": a name such as precision="highest" or a dtype "bfloat16").
-_PLACEHOLDERS = (("int", int), ("float", float), ("str", str), ("bool", bool), ("Any", str))
+# ("Any": a name such as precision="highest" or a dtype "bfloat16"; an optax
+# "ScalarOrSchedule": a constant rate).
+_PLACEHOLDERS = (("ScalarOrSchedule", float), ("int", int), ("float", float), ("str", str), ("bool", bool), ("Any", str))
 
 
 def trainer(**keys: Any) -> ml_collections.ConfigDict:

@@ -4,7 +4,7 @@ CholeskyQR2's second pass and its Householder fall-back, or a periodic
 re-orthonormalisation, are branches a healthy step does not take. XLA's cost
 analysis counts every conditional at its costliest branch, so a compiled step's
 FLOPs and bytes would include them. :func:`guarded_cond` runs such a ``lax.cond``
-under the named scope :data:`GUARD_SCOPE`; ``orthojax.train.hlo`` reads that scope
+under the named scope :data:`GUARD_SCOPE`; ``orthojax.compile.hlo`` reads that scope
 from the optimized HLO and reports the step both ways: each guarded conditional at
 its cheapest branch (the step when no guard fires), and XLA's costliest.
 """
@@ -24,7 +24,7 @@ def guarded_cond(pred: Any, true_fn: Callable[..., Any], false_fn: Callable[...,
   """``jax.lax.cond(pred, true_fn, false_fn, *operands)`` in the :data:`GUARD_SCOPE` scope.
 
   Use it where one branch is a rare fall-back or a periodic extra: compile reports
-  (``orthojax.train.aot``) then count the step without it, and its cost beside.
+  (``orthojax.compile.aot``) then count the step without it, and its cost beside.
   """
   with jax.named_scope(GUARD_SCOPE):
     return jax.lax.cond(pred, true_fn, false_fn, *operands)

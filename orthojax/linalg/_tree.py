@@ -3,7 +3,14 @@
 Transforms and penalties map a function over the leaves of ``params`` (and
 same-structured trees), giving it each leaf's matrix view. ``views`` may be:
 
-* None — infer every leaf's view (:func:`infer_view`: 2-D Dense, 4-D conv);
+* None — the views the tree *records*, else inferred: where ``params`` holds
+  Flax NNX Variables (what ``nnx.Optimizer(model, tx, wrt=nnx.Param)`` hands
+  ``tx.init``), each Variable's ``matrix_view`` metadata (:func:`recorded_views`);
+  where it holds bare arrays (what ``tx.update`` gets, or a plain parameter
+  dict), the views :func:`recording` has made current — a transformation
+  initialised on Variables keeps them in its state and makes them current in
+  ``update`` (``orthojax.optim``'s ``RecordedViewsState``); any leaf left
+  without one is inferred (:func:`infer_view`: 2-D Dense, 4-D conv);
 * one view (``MatrixView`` / ``MuonDimensionNumbers``) for every leaf;
 * a tree shaped like ``params`` — possibly *partial*: it is followed along
   each leaf's key path, a view met on the way applies to the whole subtree
@@ -25,6 +32,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
+import functools
+import math
+import sys
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
@@ -62,11 +73,104 @@ def _view_stop(x: Any) -> bool:
   return x is None or x is False or is_view(x)
 
 
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class RecordedViews:
+  """The matrix views a tree's Variables record, by key path; a pytree with no leaves.
+
+  Static (part of a tree's structure, like ``optax.EmptyState``), so a
+  transformation's state can carry it through ``jax.jit``, ``nnx.Optimizer`` and
+  checkpoints without adding arrays.
+
+  Attributes:
+    entries: ``(jax.tree_util.keystr(path), view)`` per Variable that records a view
+      (a :class:`MatrixView` / ``MuonDimensionNumbers``, or False: not a matrix).
+  """
+
+  entries: tuple[tuple[str, Any], ...]
+
+  @functools.cached_property
+  def _by_name(self) -> dict[str, Any]:
+    return dict(self.entries)
+
+  def per_leaf(self, params: Any) -> list[Any]:
+    """One view per leaf of ``params`` (None where none is recorded); ``params`` may
+    hold the Variables themselves or their bare values (same key paths)."""
+    out = []
+    for path, node in _variable_pairs(params):
+      out += [self._by_name.get(jax.tree_util.keystr(path))] * len(jax.tree_util.tree_leaves(node))
+    return out
+
+
+def _variable_type() -> Any:
+  """``flax.nnx.Variable``, or None where Flax was never imported (this layer never
+  imports it: a tree can only hold Variables if the caller did)."""
+  nnx = sys.modules.get("flax.nnx")
+  return getattr(nnx, "Variable", None)
+
+
+def _variable_pairs(tree: Any) -> list[tuple[Any, Any]]:
+  """``(path, node)`` with each Variable one node (its value's leaves below it)."""
+  variable = _variable_type()
+  is_leaf = None if variable is None else (lambda x: isinstance(x, variable))
+  return jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]
+
+
+def _hashable(view: Any) -> Any:
+  try:
+    hash(view)
+    return view
+  except TypeError:   # a view with list axes: the same view with tuples
+    as_tuple = lambda a: tuple(a) if isinstance(a, (list, tuple)) else a
+    return MatrixView(as_tuple(view.reduction_axis), as_tuple(view.output_axis))
+
+
+def recorded_views(tree: Any) -> RecordedViews | None:
+  """The ``matrix_view`` metadata of the Flax NNX Variables in ``tree``.
+
+  ``tree`` is what ``nnx.Optimizer(model, tx, wrt=...)`` hands ``tx.init``
+  (``nnx.state(model, wrt)``: the Variables themselves), a sub-tree of it
+  (``optax.partition`` masks the rest), or anything else. Returns None where it
+  holds no Variable that records a view (bare arrays, a plain ``nnx.Linear``).
+  """
+  variable = _variable_type()
+  if variable is None:
+    return None
+  entries = []
+  for path, node in _variable_pairs(tree):
+    if isinstance(node, variable):
+      view = node.get_metadata().get("matrix_view")
+      if view is not None:
+        entries.append((jax.tree_util.keystr(path), _hashable(view)))
+  return RecordedViews(tuple(entries)) if entries else None
+
+
+_RECORDED: contextvars.ContextVar[RecordedViews | None] = contextvars.ContextVar(
+    "orthojax_recorded_views", default=None)
+
+
+@contextlib.contextmanager
+def recording(views: RecordedViews | None) -> Iterator[None]:
+  """Make ``views`` the recorded views that ``views=None`` means for bare arrays, while
+  transformations run in this block (a transformation's ``update`` gets bare arrays)."""
+  token = _RECORDED.set(views)
+  try:
+    yield
+  finally:
+    _RECORDED.reset(token)
+
+
+def current_recorded_views() -> RecordedViews | None:
+  """The views :func:`recording` made current, or None."""
+  return _RECORDED.get()
+
+
 def views_for(params: Any, views: Any) -> list[Any]:
   """One view per leaf of ``params`` (flattening order); None = infer, False = none."""
   paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
   if views is None:
-    return [None] * len(paths)
+    recorded = recorded_views(params) or _RECORDED.get()
+    return [None] * len(paths) if recorded is None else recorded.per_leaf(params)
   if callable(views) and not is_view(views):
     views = views(params)
   out = []
@@ -111,7 +215,7 @@ def leaf_names(params: Any) -> list[str]:
 
 def map_views(fn: Callable[..., Any], params: Any, *trees: Any, views: Any = None,
               mask: Any = None, default: Callable[..., Any] | None = None,
-              bucket: bool = False) -> Any:
+              bucket: bool | str = False) -> Any:
   """``fn(leaf, *matching_leaves, view=view)`` over the selected leaves of ``params``.
 
   Each selected leaf is validated first (floating dtype, a valid layout under
@@ -129,6 +233,17 @@ def map_views(fn: Callable[..., Any], params: Any, *trees: Any, views: Any = Non
   independent matrices and returns arrays batched like its first argument (an
   optimizer's per-matrix update; not a penalty summed over its matrices). The
   results equal the per-leaf ones to rounding (batched products).
+
+  ``bucket="pad"``: also stack matrices that differ only in their long side — every
+  selected leaf as its tall matrices ``(n, p)`` (:meth:`Layout.to_tall`, batch axes
+  flattened), zero rows appended up to the bucket's longest ``n`` — so a bucket is a
+  small side ``p`` and a dtype (Dion's "megabatching"): ResNet-50's 53 kernels in
+  their 20 shapes have 5 small sides. ``fn`` then sees ``(B, n_max, p)`` and must map
+  zero rows to zero rows and not depend on how many there are: true of Muon's
+  Newton–Schulz (``X Xᵀ`` ignores them), a Stiefel projection and its retractions
+  (QR, CholeskyQR, Cayley, polar), elementwise moments; not of a per-matrix mean
+  (a matrix second moment) or a row normalisation (the oblique manifold). Leaves whose
+  matching leaves are shaped otherwise (a per-matrix state) keep exact-shape buckets.
   """
   leaves, treedef = jax.tree_util.tree_flatten(params)
   others = [treedef.flatten_up_to(t) for t in trees]
@@ -136,6 +251,7 @@ def map_views(fn: Callable[..., Any], params: Any, *trees: Any, views: Any = Non
   per_view = views_for(params, views)
   selected = [True] * len(leaves) if mask is None else mask_for(params, mask)
   out: list[Any] = [None] * len(leaves)
+  layouts: dict[int, Any] = {}
   buckets: dict[Any, list[int]] = {}
   for i, (leaf, name, view, keep) in enumerate(zip(leaves, names, per_view, selected)):
     rest = [o[i] for o in others]
@@ -144,20 +260,45 @@ def map_views(fn: Callable[..., Any], params: Any, *trees: Any, views: Any = Non
       continue
     check_float(leaf, name)
     lo = layout(jnp.shape(leaf), view, name)
-    key = _bucket_key(leaf, rest, lo) if bucket and _BUCKETING.get() else None
+    layouts[i] = lo
+    key = _bucket_key(leaf, rest, lo, bucket == "pad") if bucket and _BUCKETING.get() else None
     buckets.setdefault(key if key is not None else ("leaf", i), []).append(i)
+  trees = (leaves, *others)
   for members in buckets.values():
-    if len(members) == 1:
-      i = members[0]
-      out[i] = fn(leaves[i], *[o[i] for o in others], view=per_view[i])
-      continue
     first = members[0]
-    stacked = [jnp.stack([tree[i] for i in members]) for tree in (leaves, *others)]
-    view = MatrixView.stacked(_explicit(per_view[first], jnp.shape(leaves[first])), 1)
-    result = fn(*stacked, view=view)
-    for n, i in enumerate(members):
-      out[i] = jax.tree.map(lambda r, n=n: r[n], result)
+    if len(members) == 1:
+      out[first] = fn(*[t[first] for t in trees], view=per_view[first])
+    elif len({layouts[i] for i in members}) == 1:   # one shape: stacked as they are
+      stacked = [jnp.stack([t[i] for i in members]) for t in trees]
+      view = MatrixView.stacked(_explicit(per_view[first], jnp.shape(leaves[first])), 1)
+      result = fn(*stacked, view=view)
+      for n, i in enumerate(members):
+        out[i] = jax.tree.map(lambda r, n=n: r[n], result)
+    else:
+      _run_padded(fn, trees, [layouts[i] for i in members], members, out)
   return treedef.unflatten(out)
+
+
+def _run_padded(fn: Callable[..., Any], trees: Sequence[list[Any]], layouts: list[Any],
+                members: list[int], out: list[Any]) -> None:
+  """One call of ``fn`` on the members' tall matrices, zero-padded to the longest side;
+  each member's result is its own rows, back in its shape."""
+  n_max = max(lo.n for lo in layouts)
+
+  def tall(lo, x):
+    m = lo.to_tall(x).reshape((-1, lo.n, lo.p))
+    return jnp.pad(m, ((0, 0), (0, n_max - lo.n), (0, 0)))
+
+  stacked = [jnp.concatenate([tall(lo, t[i]) for lo, i in zip(layouts, members)])
+             for t in trees]
+  result = fn(*stacked, view=MatrixView.stacked())
+  start = 0
+  for lo, i in zip(layouts, members):
+    count = math.prod(lo.batch_shape)
+    out[i] = jax.tree.map(
+        lambda r, lo=lo, start=start, count=count: lo.from_tall(
+            r[start:start + count, :lo.n].reshape(lo.batch_shape + (lo.n, lo.p))), result)
+    start += count
 
 
 _BUCKETING: contextvars.ContextVar[bool] = contextvars.ContextVar("orthojax_bucketing",
@@ -178,14 +319,18 @@ def bucketing(enabled: bool) -> Iterator[None]:
     _BUCKETING.reset(token)
 
 
-def _bucket_key(leaf: Any, rest: Sequence[Any], lo: Any) -> Any:
+def _bucket_key(leaf: Any, rest: Sequence[Any], lo: Any, pad: bool = False) -> Any:
   """What leaves must share to be stacked: their layout and every matching leaf's
-  shape and dtype; None (a bucket of its own) for a matching leaf that is no array."""
+  shape and dtype (``pad``: only the tall matrices' small side and the dtypes, where
+  every matching leaf is shaped like the leaf); None (a bucket of its own) for a
+  matching leaf that is no array."""
   avals = []
   for x in (leaf, *rest):
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
       return None
     avals.append((tuple(x.shape), str(x.dtype)))
+  if pad and all(shape == avals[0][0] for shape, _ in avals):
+    return ("padded", lo.p, tuple(dtype for _, dtype in avals))
   return (tuple(avals), tuple(lo.perm), lo.transposed)
 
 

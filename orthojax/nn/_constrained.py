@@ -9,9 +9,11 @@ of an ``nnx.Param``. Both are ``nnx.Param`` subclasses, so
 
 * :func:`orthojax.optim.partition` given the model labels every leaf by its
   Variable type (``"stiefel"``, ``"oblique"``, else ``"euclidean"``);
-* :func:`matrix_views` reads each Variable's ``matrix_view`` metadata into
-  the ``views=`` tree the manifold optimizers take (needed where the view
-  cannot be inferred, e.g. a scanned stack ``(layers, in, out)``).
+* each Variable's ``matrix_view`` metadata says its view where it cannot be
+  inferred (a scanned stack ``(layers, in, out)``), or that it is no matrix
+  (False). The optimizers and the penalty read it themselves when
+  ``nnx.Optimizer`` hands them the Variables; :func:`matrix_views` collects it
+  into the ``views=`` tree for code that hands them bare arrays.
 
 Example::
 
@@ -125,7 +127,11 @@ def matrix_views(tree: Any, wrt: Any = nnx.Param) -> Any:
 
   Each leaf is the Variable's ``matrix_view`` metadata (None — infer — where
   absent). Pass it as ``views=`` to :func:`orthojax.optim.radam` and friends,
-  or to :func:`orthojax.penalties.tree_penalty`.
+  or to :func:`orthojax.penalties.tree_penalty`, where they get bare arrays (a
+  plain parameter dict, ``nnx.to_pure_dict``). Under
+  ``nnx.Optimizer(model, tx, wrt=nnx.Param)`` their default (``views=None``)
+  already agrees with it: ``tx.init`` gets the Variables, and the views they
+  record are kept for the updates (:class:`orthojax.optim.RecordedViewsState`).
   """
   # A MatrixView is a NamedTuple, i.e. a pytree node: wrap it so the tree
   # keeps it as one leaf, then unwrap (views trees are walked, not mapped).

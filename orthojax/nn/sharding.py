@@ -34,6 +34,8 @@ from typing import Any, Callable, Iterator
 
 import jax
 
+from orthojax.linalg import MatrixView
+
 FAN_IN = "fan_in"
 FAN_OUT = "fan_out"
 SPATIAL = "spatial"
@@ -67,11 +69,17 @@ def metadata(names: tuple[str | None, ...]) -> dict[str, Any]:
   A parameter whose axes are not a kernel's (no ``fan_in`` and ``fan_out``: a bias, a
   scale, GmP's angles, a generator) also records ``matrix_view=False``: it is not a
   matrix, so :func:`orthojax.nn.matrix_views` says so and Muon, the penalties and the
-  manifold optimizers leave it to their Euclidean fallback.
+  manifold optimizers leave it to their Euclidean fallback. A conv kernel whose view
+  cannot be inferred from its rank (a 1-D or 3-D window: ``(k, cin, cout)`` could as
+  well be a stack of Dense kernels) records its conv view,
+  ``MatrixView.conv(spatial_dims)``; a Dense or 2-D conv kernel records none (inferred).
   """
-  out = {"out_sharding": tuple(names), "eager_sharding": False}
+  names = tuple(names)
+  out = {"out_sharding": names, "eager_sharding": False}
   if not (FAN_IN in names and FAN_OUT in names):
     out["matrix_view"] = False
+  elif (spatial := names.count(SPATIAL)) not in (0, 2) and names == conv_kernel(spatial):
+    out["matrix_view"] = MatrixView.conv(spatial)
   return out
 
 

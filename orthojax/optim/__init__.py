@@ -9,7 +9,9 @@ Optimizers: :func:`rsgd`, :func:`radam`, :func:`projected_gradient`,
 Routing: :func:`partition` (:func:`keeps_manifold` tells which transformations keep
 a manifold leaf on its manifold). :data:`OPTIMIZER_TABLE` lists the optimizers (name,
 constructor, manifolds, keeps-the-manifold) for ``partition``, the trainer's config and
-its checks. Execution
+its checks. Views: every transformation that takes ``views=`` defaults to the views the
+parameters' Flax Variables record where ``init`` gets them (``nnx.Optimizer``), kept in a
+:class:`RecordedViewsState`; bare arrays are inferred. Execution
 (``orthojax.optim.execution``): :func:`shard_update` (pod scale: each matrix's update
 computed once, by its owner device), :func:`replicated_state` / :func:`sharded_state`;
 :func:`bucketed` / :func:`per_leaf` (same-shape matrices in one batched program, or not).
@@ -24,6 +26,7 @@ from orthojax.optim._muon import to_muon
 from orthojax.optim._partition import partition
 from orthojax.optim._penalty import AddOrthogonalityPenaltyState
 from orthojax.optim._penalty import add_orthogonality_penalty
+from orthojax.optim._recorded import RecordedViewsState
 from orthojax.optim._riemannian import RetractState
 from orthojax.optim._riemannian import RiemannianMomentumState
 from orthojax.optim._riemannian import ScaleByRiemannianAdamState

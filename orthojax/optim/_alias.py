@@ -10,6 +10,7 @@ from orthojax.manifolds import Manifold, Stiefel
 from orthojax.optim._checks import check_rate
 from orthojax.optim._fused import fused_stiefel_adam, supports_fused
 from orthojax.optim._fused_momentum import fused_stiefel_momentum
+from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._riemannian import (project_to_tangent, retract, riemannian_momentum,
                                          scale_by_riemannian_adam)
 
@@ -18,6 +19,7 @@ def _default(manifold):
   return Stiefel() if manifold is None else manifold
 
 
+@reads_recorded_views
 def rsgd(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Manifold | None = None,
@@ -35,7 +37,9 @@ def rsgd(
     manifold: default ``Stiefel()`` (QR retraction, Euclidean metric).
     momentum: heavy-ball decay; 0 disables the trace.
     nesterov: Nesterov momentum.
-    views: per-leaf matrix views (see ``orthojax.linalg.map_views``).
+    views: per-leaf matrix views (``orthojax.linalg.map_views``); None (default): those
+      the parameters' Variables record, on the ``nnx.Optimizer`` path
+      (:class:`orthojax.optim.RecordedViewsState`), else inferred.
     reorthonormalize_every: see :func:`orthojax.optim.retract`.
 
   The result is the chain ``project_to_tangent``, ``riemannian_momentum`` (when
@@ -57,6 +61,7 @@ def rsgd(
   return optax.chain(*links)
 
 
+@reads_recorded_views
 def radam(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Manifold | None = None,
@@ -96,6 +101,7 @@ def radam(
   )
 
 
+@reads_recorded_views
 def projected_gradient(
     optimizer: optax.GradientTransformation | optax.ScalarOrSchedule,
     manifold: Manifold | None = None,
@@ -114,7 +120,9 @@ def projected_gradient(
     optimizer: an Optax transformation producing ambient updates, or a learning
       rate (then plain SGD).
     manifold: default ``Stiefel("polar")``.
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
+      else inferred.
   """
   if not isinstance(optimizer, optax.GradientTransformation):
     check_rate("projected_gradient", optimizer, "optimizer")

@@ -50,6 +50,7 @@ from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import cayley_generator, polish, reorthonormalize_newton_schulz
 from orthojax.optim._checks import check_rate
+from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
 
@@ -117,6 +118,7 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
   return optax.GradientTransformation(init_fn, scoped("cayley", update_fn))
 
 
+@reads_recorded_views
 def cayley_sgd(
     learning_rate: optax.ScalarOrSchedule,
     momentum: float = 0.9,
@@ -138,7 +140,9 @@ def cayley_sgd(
     reorthonormalize_every: replace the iterate by its polar factor every this
       many steps (None: never), by Newton–Schulz steps
       (:func:`orthojax.manifolds.reorthonormalize_newton_schulz`).
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
+      else inferred.
 
   Returns:
     An ``optax.GradientTransformation`` taking Euclidean gradients.
@@ -148,6 +152,7 @@ def cayley_sgd(
                            reorthonormalize_every, views, "cayley_sgd")
 
 
+@reads_recorded_views
 def cayley_adam(
     learning_rate: optax.ScalarOrSchedule,
     b1: float = 0.9,

@@ -75,6 +75,7 @@ import optax
 from orthojax import linalg
 from orthojax.manifolds import Stiefel, polish
 from orthojax.optim._checks import check_rate
+from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._riemannian import (RetractState, ScaleByRiemannianAdamState,
                                          _SECOND_MOMENTS, _require_params, project_to_tangent,
                                          retract, scale_by_riemannian_adam)
@@ -146,6 +147,7 @@ def retract_tall(manifold: Stiefel, x, xi, omega, stored_dtype, count,
   return y
 
 
+@reads_recorded_views
 def fused_stiefel_adam(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Stiefel,
@@ -172,7 +174,9 @@ def fused_stiefel_adam(
     second_moment: "elementwise", "matrix" or "matrix_sum" (see
       :func:`orthojax.optim.scale_by_riemannian_adam`).
     nesterov: Nesterov-style first moment.
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
+      else inferred.
     reorthonormalize_every: see :func:`orthojax.optim.retract`.
 
   Returns:
@@ -260,7 +264,7 @@ def fused_stiefel_adam(
 
     with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
       triples = linalg.map_views(leaf, params, updates, adam_state.mu, adam_state.nu,
-                                 views=views, bucket=True)
+                                 views=views, bucket="pad")
     treedef = jax.tree_util.tree_structure(updates)
     flat = treedef.flatten_up_to(triples)
     out = treedef.unflatten([t[0] for t in flat])

@@ -41,11 +41,13 @@ from orthojax import linalg
 from orthojax.manifolds import Stiefel
 from orthojax.optim._checks import check_rate
 from orthojax.optim._fused import retract_tall, supports_fused
+from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._riemannian import (RetractState, RiemannianMomentumState, _require_params,
                                          project_to_tangent, retract, riemannian_momentum)
 from orthojax.optim._scope import scoped
 
 
+@reads_recorded_views
 def fused_stiefel_momentum(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Stiefel,
@@ -66,7 +68,9 @@ def fused_stiefel_momentum(
     manifold: a :class:`orthojax.manifolds.Stiefel` with the Euclidean metric.
     momentum: decay ``mu`` in [0, 1).
     nesterov: Nesterov's variant.
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
+      else inferred.
     reorthonormalize_every: see :func:`orthojax.optim.retract`.
 
   Returns:
@@ -113,7 +117,7 @@ def fused_stiefel_momentum(
       return (y - w).astype(g.dtype), lo.from_tall(m_new).astype(m.dtype)
 
     with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
-      pairs = linalg.map_views(leaf, params, updates, momentum_state.trace, views=views, bucket=True)
+      pairs = linalg.map_views(leaf, params, updates, momentum_state.trace, views=views, bucket="pad")
     out, trace = linalg.unzip(pairs, updates)
     new_state = (empty, RiemannianMomentumState(trace=trace), lr_state,
                  RetractState(count=retract_count))

@@ -59,6 +59,7 @@ from orthojax import linalg
 from orthojax.linalg import map_views
 from orthojax.manifolds import polish
 from orthojax.optim._checks import check_rate
+from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
 
@@ -85,6 +86,7 @@ def safe_step_size(a, d, lam, eps):
   return jnp.where(beta > 0, (root + alpha) / (2.0 * safe_beta), jnp.inf)
 
 
+@reads_recorded_views
 def landing(
     learning_rate: optax.ScalarOrSchedule,
     lam: float = 1.0,
@@ -100,7 +102,9 @@ def landing(
     eps: radius of the safe region (paper: 0.5); must be in (0, 1).
     safe_step: cap the step at ``eta*`` (recommended; without it a large step
       can leave the safe region and diverge).
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
+      else inferred.
 
   Returns:
     An ``optax.GradientTransformation`` taking Euclidean gradients and

@@ -28,6 +28,7 @@ from orthojax import linalg
 from orthojax.linalg import leaf_names, map_views, unzip, views_for
 from orthojax.manifolds import Stiefel
 from orthojax.optim._checks import check_rate
+from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._riemannian import retract
 
 
@@ -87,6 +88,7 @@ def ns_schedule(ns_coeffs: Any, ns_steps: int) -> Any:
   return tuple(coeffs[min(i, len(coeffs) - 1)] for i in range(int(ns_steps)))
 
 
+@reads_recorded_views
 def scale_by_muon(
     *,
     views: Any = None,
@@ -99,24 +101,24 @@ def scale_by_muon(
     adaptive: bool = False,
     preconditioning: str = "frobenius",
 ) -> optax.GradientTransformation:
-  """``optax.contrib.scale_by_muon``, one batched program per same-shape bucket.
+  """``optax.contrib.scale_by_muon``, one batched program per bucket of matrices.
 
   The momentum, its Nesterov look-ahead and the Newton–Schulz orthogonalization are
   optax's own (``optax.contrib.scale_by_muon``, called on each bucket); what differs is
-  how they run over many leaves: leaves whose matrix views share shape, dtype and view
-  are stacked (:func:`orthojax.linalg.map_views` with ``bucket=True``) and orthogonalized
+  how they run over many leaves: leaves whose matrix views share dtype and small side
+  are stacked (:func:`orthojax.linalg.map_views` with ``bucket="pad"``: matrices that share
+  their small side, the long one zero-padded) and orthogonalized
   by one batched chain of kernels, where optax runs one chain per leaf (a GPU launch
   cost per leaf; Jordan's Muon and Dion batch them the same way). The state is optax's
   ``MuonState`` with its momentum per leaf, so the two are interchangeable, and the
   results equal optax's to rounding (batched products). ``oj.optim.per_leaf(tx)``
-  runs leaf by leaf.
+  runs leaf by leaf. The other arguments (``ns_coeffs``, ``ns_steps``, ``beta``, ``eps``,
+  ``mu_dtype``, ``nesterov``, ``adaptive``, ``preconditioning``) are
+  ``optax.contrib.scale_by_muon``'s; ``ns_coeffs`` also takes orthojax's preset names.
 
   Args:
     views: per-leaf matrix views (:func:`muon_dimension_numbers`); a leaf whose
       view is ``False`` passes through unchanged.
-    ns_coeffs, ns_steps, beta, eps, mu_dtype, nesterov, adaptive, preconditioning:
-      as ``optax.contrib.scale_by_muon`` (``ns_coeffs`` also takes orthojax's preset
-      names, :func:`ns_schedule`).
   """
   options = dict(ns_coeffs=ns_schedule(ns_coeffs, ns_steps), ns_steps=ns_steps, beta=beta,
                  eps=eps, mu_dtype=mu_dtype, nesterov=nesterov, adaptive=adaptive,
@@ -133,7 +135,7 @@ def scale_by_muon(
       return out, new.mu
 
     pairs = map_views(bucket, updates, state.mu, views=_map_views_views(views),
-                      default=lambda g, mu: (g, mu), bucket=True)
+                      default=lambda g, mu: (g, mu), bucket="pad")
     new_updates, mu = unzip(pairs, updates)
     return new_updates, state._replace(count=optax.safe_increment(state.count), mu=mu)
 
@@ -174,6 +176,7 @@ def scale_by_shape(*, views: Any = None,
   return optax.GradientTransformation(optax.init_empty_state, update_fn)
 
 
+@reads_recorded_views
 def muon(
     learning_rate: optax.ScalarOrSchedule,
     ns_coeffs: Any = _QUINTIC,
@@ -205,21 +208,22 @@ def muon(
   from ``views`` (:func:`muon_dimension_numbers`; conv kernels inferred, stacks
   from their views), and same-shape matrices are orthogonalized together
   (:func:`scale_by_muon`). ``ns_coeffs`` also takes orthojax's Newton–Schulz
-  presets by name (:func:`ns_schedule`): ``muon(lr, ns_coeffs="polar_express")``
+  presets by name (``ns_schedule``): ``muon(lr, ns_coeffs="polar_express")``
   runs the Polar Express schedule (Amsel, Persson, Musco & Gower 2025,
   Algorithm 1) for ``ns_steps`` steps.
 
+  Every other argument (``ns_coeffs``, ``ns_steps``, ``beta``, ``eps``, ``weight_decay``,
+  ``weight_decay_mask``, ``mu_dtype``, ``nesterov``, ``adaptive``, ``preconditioning``,
+  ``adam_b1``, ``adam_b2``, ``adam_eps_root``, ``adam_weight_decay``,
+  ``adam_learning_rate``, ``consistent_rms``) is ``optax.contrib.muon``'s, with its default.
+
   Args:
     learning_rate: Muon's rate, a float or an Optax schedule.
-    ns_coeffs, ns_steps, beta, eps, weight_decay, weight_decay_mask, mu_dtype,
-      nesterov, adaptive, preconditioning, adam_b1, adam_b2, adam_eps_root,
-      adam_weight_decay, adam_learning_rate, consistent_rms: as
-      ``optax.contrib.muon``.
     views: per-leaf views (see :func:`muon_dimension_numbers`).
     muon_weight_dimension_numbers: not taken: they are derived from ``views``.
   """
   check_rate("muon", learning_rate)
-  if muon_weight_dimension_numbers is not _FROM_VIEWS:
+  if muon_weight_dimension_numbers != _FROM_VIEWS:
     raise ValueError("muon: pass views=..., not muon_weight_dimension_numbers (derived from them)")
   if adam_learning_rate is not None:
     check_rate("muon", adam_learning_rate, "adam_learning_rate")
@@ -244,6 +248,7 @@ def muon(
       labels)
 
 
+@reads_recorded_views
 def stiefel_muon(
     learning_rate: optax.ScalarOrSchedule,
     *,

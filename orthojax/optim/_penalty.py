@@ -11,6 +11,7 @@ import optax
 from orthojax import linalg
 from orthojax import penalties
 from orthojax.optim._checks import check_rate
+from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._scope import scoped
 
 
@@ -24,6 +25,7 @@ class AddOrthogonalityPenaltyState(NamedTuple):
   count: jnp.ndarray
 
 
+@reads_recorded_views
 def add_orthogonality_penalty(
     kind: Any,
     strength: optax.ScalarOrSchedule,
@@ -69,13 +71,16 @@ def add_orthogonality_penalty(
     mask: which leaves to penalise (None: every leaf with >= 2 axes), as in
       :func:`orthojax.penalties.tree_penalty`.
     views: matrix views of the leaves, as in
-      :func:`orthojax.penalties.tree_penalty`. Pass ``oj.nn.matrix_views(model)``
-      for an ``oj.nn`` / ``oj.models`` network: the leaves that are not matrices
-      (GmP's angles ``theta``, stacked biases and scales; ``False`` in that tree)
-      are then left alone. Optax hands this transform bare arrays, which cannot say
-      that themselves: without ``views`` a 2-D array of GmP angles is penalised as a
-      matrix. (The trainer passes the model's own mask,
-      ``orthojax.train.model_zoo.penalty_mask``.)
+      :func:`orthojax.penalties.tree_penalty`. None (default): the views the
+      parameters' Variables record, read at ``init`` where
+      ``nnx.Optimizer(model, tx, wrt=nnx.Param)`` hands it the Variables
+      themselves (kept in a :class:`orthojax.optim.RecordedViewsState`): for an
+      ``oj.nn`` / ``oj.models`` network the leaves that are not matrices (GmP's
+      angles ``theta``, stacked biases and scales: ``matrix_view=False``) are left
+      alone, as with ``views=oj.nn.matrix_views(model)``. Initialised on bare
+      arrays (a plain parameter dict), it infers: a 2-D array of GmP angles is
+      then penalised as a matrix — pass ``oj.nn.matrix_views(model)`` there. (The
+      trainer passes the model's own mask, ``orthojax.train.model_zoo.penalty_mask``.)
     reduction: ``"sum"`` or ``"mean"``, passed to a named penalty. A callable
       ``kind`` takes no reduction, so it must be left at ``"sum"``.
     iterations: power iterations of ``"srip"``'s spectral-norm estimate
@@ -84,7 +89,9 @@ def add_orthogonality_penalty(
   Returns:
     An ``optax.GradientTransformation``. Its state is ``optax.EmptyState()``
     for a constant strength and :class:`AddOrthogonalityPenaltyState` (the
-    step count) for a schedule. ``update`` requires ``params``.
+    step count) for a schedule — inside a :class:`RecordedViewsState` where
+    ``views`` is None and the Variables it is initialised on record views.
+    ``update`` requires ``params``.
 
   Raises:
     ValueError: unknown ``kind`` or ``reduction``; ``gain != 1`` with a kind

@@ -31,11 +31,19 @@ import optax
 
 from orthojax import linalg
 from orthojax.linalg import map_views, unzip
-from orthojax.manifolds import Manifold
+from orthojax.manifolds import Manifold, Stiefel
+from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._scope import scoped
 
 _SECOND_MOMENTS = ("elementwise", "matrix", "matrix_sum")
 
+
+
+def _buckets(manifold: Manifold) -> bool | str:
+  """How :func:`orthojax.linalg.map_views` may stack this manifold's matrices: a
+  Stiefel step maps zero rows to zero rows, so near shapes share a padded bucket;
+  the oblique manifold normalises rows, so only equal shapes do."""
+  return "pad" if isinstance(manifold, Stiefel) else True
 
 def _require_params(params, who):
   if params is None:
@@ -47,6 +55,7 @@ def _check_manifold(manifold, who):
     raise TypeError(f"{who}: manifold must be an orthojax.manifolds.Manifold, got {manifold!r}")
 
 
+@reads_recorded_views
 def project_to_tangent(manifold: Manifold, views: Any = None) -> optax.GradientTransformation:
   """Euclidean gradient -> Riemannian gradient (``manifold.egrad_to_rgrad``).
 
@@ -56,7 +65,9 @@ def project_to_tangent(manifold: Manifold, views: Any = None) -> optax.GradientT
 
   Args:
     manifold: an :class:`orthojax.manifolds.Manifold`.
-    views: per-leaf matrix views (see ``orthojax.linalg.map_views``).
+    views: per-leaf matrix views (``orthojax.linalg.map_views``); None (default): those
+      the parameters' Variables record, on the ``nnx.Optimizer`` path
+      (:class:`orthojax.optim.RecordedViewsState`), else inferred.
 
   Returns:
     A stateless ``optax.GradientTransformation``.
@@ -66,7 +77,7 @@ def project_to_tangent(manifold: Manifold, views: Any = None) -> optax.GradientT
   def update_fn(updates, state, params=None):
     _require_params(params, "project_to_tangent")
     out = map_views(lambda w, g, view: manifold.egrad_to_rgrad(w, g, view=view),
-                    params, updates, views=views, bucket=True)
+                    params, updates, views=views, bucket=_buckets(manifold))
     return out, state
 
   return optax.GradientTransformation(lambda params: optax.EmptyState(),
@@ -78,6 +89,7 @@ class RiemannianMomentumState(NamedTuple):
   trace: optax.Params
 
 
+@reads_recorded_views
 def riemannian_momentum(manifold: Manifold, momentum: float = 0.9, nesterov: bool = False,
                         views: Any = None,
                         accumulator_dtype: Any = None) -> optax.GradientTransformation:
@@ -91,7 +103,9 @@ def riemannian_momentum(manifold: Manifold, momentum: float = 0.9, nesterov: boo
     manifold: the manifold the params live on.
     momentum: decay ``mu`` in [0, 1).
     nesterov: Nesterov's variant.
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
+      else inferred.
     accumulator_dtype: dtype of the trace (default: the params').
 
   Returns:
@@ -114,7 +128,7 @@ def riemannian_momentum(manifold: Manifold, momentum: float = 0.9, nesterov: boo
       out = g + momentum * m if nesterov else m
       return out, m.astype(accumulator_dtype or m.dtype)
 
-    pairs = map_views(leaf, params, updates, state.trace, views=views, bucket=True)
+    pairs = map_views(leaf, params, updates, state.trace, views=views, bucket=_buckets(manifold))
     out, trace = unzip(pairs, updates)
     return out, RiemannianMomentumState(trace=trace)
 
@@ -128,6 +142,7 @@ class ScaleByRiemannianAdamState(NamedTuple):
   nu: optax.Params
 
 
+@reads_recorded_views
 def scale_by_riemannian_adam(
     manifold: Manifold,
     b1: float = 0.9,
@@ -173,7 +188,9 @@ def scale_by_riemannian_adam(
     second_moment: "elementwise", "matrix" or "matrix_sum".
     nesterov: Nesterov-style first moment (as ``optax.scale_by_adam``).
     mu_dtype: dtype of the first moment.
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
+      else inferred.
 
   Returns:
     An ``optax.GradientTransformation``; expects Riemannian gradients.
@@ -229,7 +246,7 @@ def scale_by_riemannian_adam(
         d = lo.from_matrix(lo.to_matrix(m_hat) / denom[..., None, None])
       return d.astype(g.dtype), (m.astype(mu_dtype or m.dtype), v)
 
-    pairs = map_views(leaf, params, updates, state.mu, state.nu, views=views, bucket=True)
+    pairs = map_views(leaf, params, updates, state.mu, state.nu, views=views, bucket=_buckets(manifold))
     out, mv = unzip(pairs, updates)
     mu, nu = unzip(mv, state.mu)
     return out, ScaleByRiemannianAdamState(count=count, mu=mu, nu=nu)
@@ -242,6 +259,7 @@ class RetractState(NamedTuple):
   count: jnp.ndarray
 
 
+@reads_recorded_views
 def retract(manifold: Manifold, views: Any = None,
             reorthonormalize_every: int | None = None) -> optax.GradientTransformation:
   """Last link of a Riemannian chain: turns a step ``u`` into ``R_W(u) - W``.
@@ -253,7 +271,9 @@ def retract(manifold: Manifold, views: Any = None,
 
   Args:
     manifold: the manifold (its ``retraction`` option picks the map).
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
+      else inferred.
     reorthonormalize_every: if set, every this many steps the new point is
       replaced by the closest point of the manifold
       (``manifold.reorthonormalize``: Newton–Schulz steps for Stiefel),
@@ -284,7 +304,7 @@ def retract(manifold: Manifold, views: Any = None,
                                 lambda y: y, y)
       return (y - w).astype(u.dtype)
 
-    return map_views(leaf, params, updates, views=views, bucket=True), RetractState(count=count)
+    return map_views(leaf, params, updates, views=views, bucket=_buckets(manifold)), RetractState(count=count)
 
   return optax.GradientTransformation(
       lambda params: RetractState(count=jnp.zeros([], jnp.int32)),

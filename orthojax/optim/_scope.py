@@ -1,7 +1,7 @@
 """A name for each transformation's ops in the compiled program.
 
 ``jax.named_scope`` puts the name into every op's ``op_name`` metadata, so a
-profile — or :mod:`orthojax.train.hlo`'s traffic breakdown of a compiled
+profile — or :mod:`orthojax.compile.hlo`'s traffic breakdown of a compiled
 step — can say which part of an optimizer costs what. Names only: the
 computation is unchanged.
 """

@@ -7,8 +7,9 @@ matrix, with the one convention of :func:`orthojax.linalg.map_views` shared by
 every orthojax transform: ``mask`` None
 means every leaf with at least 2 axes, a bool at an inner node covers the
 matrices below it (``{"dense": True}`` is the kernel, not the bias); in
-``views`` None means *infer* and ``False`` means *skip this leaf*; both may be
-partial trees or callables.
+``views`` None means *the views the tree records* — where it holds Flax NNX
+Variables (``nnx.state(model)``), their ``matrix_view`` metadata — else *infer*,
+and ``False`` means *skip this leaf*; both may be partial trees or callables.
 
 Errors about a leaf (integer dtype, too few axes, an ambiguous 3-D layout
 without a view) name it by its path, e.g. ``['encoder']['layers_0']['kernel']``.
@@ -73,7 +74,8 @@ def tree_penalty(
       value).
     mask: None, a bool, a (partial) bool tree or a callable (module docstring).
     views: None, one view, a (partial) view tree (None infers, False skips a
-      leaf) or a callable (module docstring).
+      leaf) or a callable (module docstring); None reads the views Variables in
+      ``params`` record.
     **kwargs: passed to the penalty, e.g. ``reduction="mean"``, ``gain=1.2``
       for ``"gain_adjusted_so"``, ``iterations=4`` or ``key=...`` for
       ``"srip"`` (the same key serves every leaf).

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import signal
 import threading
@@ -43,6 +44,8 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
+
+_LOG = logging.getLogger(__name__)
 
 
 def _digest(path: epath.Path) -> str:
@@ -181,16 +184,17 @@ class Checkpointer:
         return f"{name} does not match its checksum"
     return None
 
-  def latest_intact_step(self, print_fn: Callable[..., None] = print) -> int | None:
+  def latest_intact_step(self, print_fn: Callable[[str], Any] | None = None) -> int | None:
     """The newest step whose files all match their checksums (None: no step saved).
 
-    Each newer step passed over is reported in one line and moved to
-    ``checkpoints_unusable/`` beside the checkpoints, out of the way of the saves
-    to come.
+    Each newer step passed over is reported in one line (``print_fn(line)``; None: this
+    module's logger, at WARNING) and moved to ``checkpoints_unusable/`` beside the
+    checkpoints, out of the way of the saves to come.
 
     Raises:
       ValueError: steps exist but none is intact (nothing is moved then).
     """
+    print_fn = _LOG.warning if print_fn is None else print_fn
     passed_over = []
     found = None
     for step in sorted(self.all_steps(), reverse=True):
@@ -199,7 +203,7 @@ class Checkpointer:
         found = step
         break
       print_fn(f"Checkpoint step {step} in {self.directory} is not usable: {why}; "
-               f"trying an older one", flush=True)
+               f"trying an older one")
       passed_over.append(step)
     if passed_over and found is None:
       raise ValueError(f"no checkpoint in {self.directory} is intact; move it away to start "
@@ -208,7 +212,7 @@ class Checkpointer:
       self._set_aside(step, print_fn)
     return found
 
-  def _set_aside(self, step: int, print_fn: Callable[..., None]) -> None:
+  def _set_aside(self, step: int, print_fn: Callable[[str], Any]) -> None:
     """Move an unusable step out of the way of the saves to come (kept for inspection)."""
     aside = epath.Path(self.directory).parent / "checkpoints_unusable"
     if jax.process_index() == 0:
@@ -221,7 +225,7 @@ class Checkpointer:
       manifest = self._checksums / f"{step}.json"
       if manifest.exists():
         manifest.rename(target.with_name(target.name + ".checksums.json"))
-      print_fn(f"  moved to {target}", flush=True)
+      print_fn(f"  moved to {target}")
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       multihost_utils.sync_global_devices(f"orthojax set aside checkpoint {step}")

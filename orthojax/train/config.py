@@ -51,7 +51,7 @@ GROUPS = ("euclidean", "stiefel", "oblique")
 :func:`orthojax.nn.manifold_labels` (Euclidean parameters, and those on the Stiefel or
 oblique manifold)."""
 
-# Keys of earlier orthojax versions, and their spelling now (errors name it).
+# Renamed keys and their spelling now (an error naming an old key gives the new one).
 RENAMED = {
     "spectrum_every": ("config.hooks.every_steps",),
     "euclidean_optimizer": ("config.optimizer.euclidean",),

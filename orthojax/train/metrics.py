@@ -19,15 +19,18 @@ local or on a cloud bucket (``gs://…``) like the checkpoints.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
-from typing import Any, Mapping, TextIO
+from typing import Any, Callable, Mapping, TextIO
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from etils import epath
+
+_LOG = logging.getLogger(__name__)
 
 
 def _scalar(value: Any) -> float:
@@ -107,13 +110,17 @@ class MetricsWriter:
     total_steps: for the ETA.
     tensorboard: also write TensorBoard event files under ``workdir/tb``.
     is_writer: defaults to ``jax.process_index() == 0``.
+    print_fn: called with each console line alone; None: this module's logger at INFO.
+    resume_step: the step a resumed run restarts from (the log keeps the rows up to it);
+      None: a fresh run, the log starts empty.
   """
 
   def __init__(self, workdir: str | None, total_steps: int, *, tensorboard: bool = True,
-               is_writer: bool | None = None, print_fn=print, resume_step: int | None = None):
+               is_writer: bool | None = None, print_fn: Callable[[str], Any] | None = None,
+               resume_step: int | None = None):
     self.is_writer = jax.process_index() == 0 if is_writer is None else is_writer
     self.total_steps = total_steps
-    self.print_fn = print_fn
+    self.print_fn = _LOG.info if print_fn is None else print_fn
     self._jsonl: TextIO | None = None
     self._tb = {}
     self._tensorboard = tensorboard and workdir is not None
@@ -151,7 +158,7 @@ class MetricsWriter:
       from orthojax.train.data._tf import tf  # pylint: disable=g-import-not-at-top  (GPUs hidden)
     except ImportError as e:
       self.print_fn(f"TensorBoard events off: TensorFlow does not import ({e}); "
-                    f"metrics.jsonl has every scalar", flush=True)
+                    f"metrics.jsonl has every scalar")
       self._tensorboard = False
       return None
     return tf
@@ -195,7 +202,7 @@ class MetricsWriter:
         for name, value in values.items():
           tf.summary.scalar(name, value, step=int(step))
     if console:
-      self.print_fn(self._line(step, split, values), flush=True)
+      self.print_fn(self._line(step, split, values))
     return values
 
   def _line(self, step: int, split: str, values: Mapping[str, float]) -> str:

@@ -10,10 +10,11 @@ ShapeDtypeStructs).compile()``).
 
 The run (:func:`orthojax.train.trainer.train`) calls both on its real devices
 and then loops over the *compiled* executables; the pod compile check
-(:mod:`orthojax.train.aot`) calls the same two on abstract TPU devices from
-``jax.experimental.topologies`` and reports on the executables instead of
-running them — one construction of the step for both, so what is checked is
-what would run (MaxText's ``train_compile`` does the same for its LLM steps).
+(:mod:`orthojax.compile.aot`, one floor above) calls the same two on abstract
+TPU devices from ``jax.experimental.topologies`` and reports on the
+executables instead of running them — one construction of the step for
+both, so what is checked is what would run (MaxText's ``train_compile``
+does the same for its LLM steps).
 """
 
 from __future__ import annotations

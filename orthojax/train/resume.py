@@ -4,18 +4,21 @@ A run that resumes from a checkpoint compares the config it was started with (re
 the checkpoint's metadata) with today's: :func:`resume_differences` lists every key that
 changed and is not in :data:`RESUMABLE_KEYS`. Sections are compared with their
 constructors' defaults filled in (:func:`orthojax.train.registry.with_defaults`), so a
-section that spells out a default equals one that leaves it out; a config recorded by an
-earlier orthojax is brought to today's form first (:func:`migrate`).
+section that spells out a default equals one that leaves it out. A recorded config in
+another layout than today's cannot be compared key by key: :func:`earlier_layout` names
+what gives it away, and the trainer refuses to resume it (a new workdir starts afresh).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Mapping
 
 from orthojax.train import data as data_lib
 from orthojax.train import registry
 from orthojax.train.config import Config
+from orthojax.train.config import GROUPS
 from orthojax.train.config import flatten
 from orthojax.train.fingerprint import FIT
 
@@ -33,54 +36,49 @@ RESUMABLE_KEYS = ("workdir", "data.data_dir", "log_every", "eval_every", "checkp
 LENGTH_KEYS = ("num_steps", "num_epochs")   # resumable with a constant or plateau schedule
 
 
-def resume_differences(saved: dict[str, Any], config: Config,
+def earlier_layout(saved: Mapping[str, Any]) -> str | None:
+  """What marks ``saved`` (a checkpoint's recorded config) as another layout than today's,
+  or None when it is today's.
+
+  Today's layout has exactly :class:`~orthojax.train.Config`'s keys (a zoo run may add
+  its data's ``data_checksum``), every section a dict, and the optimizer split into
+  parameter groups (``euclidean``, ``stiefel``, ``oblique``; a :func:`~orthojax.train.fit`
+  run's description). Returns e.g. ``"config.spectrum_every is not a key"``,
+  ``"no config.hooks"`` or ``"config.model is not a section"``.
+  """
+  keys = {f.name for f in dataclasses.fields(Config)}
+  extra = sorted(set(saved) - keys - {"data_checksum"})
+  if extra:
+    return f"config.{extra[0]} is not a key"
+  missing = sorted(keys - set(saved))
+  if missing:
+    return f"no config.{missing[0]}"
+  for section in ("model", "data", "optimizer", "mesh", "checkpoint", "hooks"):
+    if not isinstance(saved[section], Mapping):
+      return f"config.{section} is not a section"
+  groups = sorted(set(saved["optimizer"]) - set(GROUPS) - {FIT})
+  if groups:
+    return f"config.optimizer.{groups[0]} is not a parameter group"
+  return None
+
+
+def resume_differences(saved: Mapping[str, Any], config: Config,
                        recorded: Mapping[str, Any] | None = None) -> list[str]:
   """``config.key=value (checkpoint: value)`` for each key that may not change on resume.
 
-  ``recorded``: what the run trains when it is not all in ``config`` (a
+  ``saved``: the checkpoint's recorded config, in today's layout (:func:`earlier_layout`
+  is None). ``recorded``: what the run trains when it is not all in ``config`` (a
   :func:`orthojax.train.fit` run: its model and optimizer objects, described by
-  :mod:`orthojax.train.fingerprint`); default ``config.to_dict()``. Keys the checkpoint
-  does not record (written by an older orthojax) are not compared.
+  :mod:`orthojax.train.fingerprint`); default ``config.to_dict()``.
   """
   recorded = config.to_dict() if recorded is None else dict(recorded)
-  now, then = flatten(_with_defaults(recorded)), flatten(_with_defaults(migrate(saved)))
+  now, then = flatten(_with_defaults(recorded)), flatten(_with_defaults(dict(saved)))
   allowed = set(RESUMABLE_KEYS)
   if config.schedule in ("constant", "plateau"):
     allowed |= set(LENGTH_KEYS)
-  if not isinstance(saved.get("model"), Mapping):
-    return []   # a flat config of orthojax < 0.2: not comparable, not compared
-  fit = lambda tree: isinstance(tree.get("model"), Mapping) and tree["model"].get("name") == FIT
-  unrecorded = ()
-  if fit(recorded) != fit(saved):   # a fit run saved before its objects were recorded
-    unrecorded = ("model.", "optimizer.", "data.", "penalty")
   keys = sorted(set(now) | set(then))
   return [f"config.{k}={now.get(k)!r} (checkpoint: {then.get(k)!r})" for k in keys
-          if k not in allowed and now.get(k) != then.get(k) and not k.startswith(unrecorded)]
-
-
-def migrate(saved: Mapping[str, Any]) -> dict[str, Any]:
-  """A recorded config of an earlier orthojax in today's form: its ``optimizer`` (and
-  ``euclidean_optimizer``) as parameter groups, the manifold its trainer supplied written
-  out, so that a run started before the groups resumes (its mathematics is the same)."""
-  saved = dict(saved)
-  if "spectrum_every" in saved:   # the hook schedule's key before config.hooks
-    saved["hooks"] = {"every_steps": saved.pop("spectrum_every"), "epochs": []}
-  optimizer = saved.get("optimizer")
-  if not isinstance(optimizer, Mapping) or "name" not in optimizer:
-    return saved
-  euclidean = saved.pop("euclidean_optimizer", None)
-  if euclidean is None:
-    saved["optimizer"] = {"euclidean": dict(optimizer)}
-    return saved
-  model = saved.get("model")
-  group = "oblique" if isinstance(model, Mapping) and model.get("weights") == "oblique" \
-      else "stiefel"
-  manifold_tx = dict(optimizer)
-  fn = registry.OPTIMIZERS.get(manifold_tx["name"])
-  if fn is not None and "manifold" in registry.keywords(fn) and "manifold" not in manifold_tx:
-    manifold_tx["manifold"] = {"name": group.capitalize()}
-  saved["optimizer"] = {"euclidean": dict(euclidean), group: manifold_tx}
-  return saved
+          if k not in allowed and now.get(k) != then.get(k)]
 
 
 def _with_defaults(tree: dict[str, Any]) -> dict[str, Any]:

@@ -30,21 +30,31 @@ Two entry points share everything after the model and the data:
                                                       checkpoint={"every_steps": 100}))
 
 both with the same mesh, sharding rules, jitted step, Orbax checkpoints with exact
-resume, non-finite guard, metrics and hooks (and
-:func:`orthojax.train.aot.compile_for` takes the same ``model_fn`` and ``optimizer``).
+resume, non-finite guard, metrics and hooks (the compile check one floor above,
+:func:`orthojax.compile.aot.compile_for`, takes the same ``model_fn`` and ``optimizer``).
 
 Exact resume: the checkpoint holds the train state *and* the loop's
 bookkeeping (:class:`LoopState`, incl. the number of batches consumed); the
 input pipeline is deterministic from the seed and restarts at that batch, so
 a run killed at any step and restarted produces the same parameters as an
 uninterrupted one.
+
+Console: the run's lines (progress with step, loss, steps/s and ETA; resume) go
+to Python :mod:`logging`, logger ``orthojax.train.trainer``, at INFO (warnings at
+WARNING) — absl's ``app.run`` shows them, as does
+``logging.basicConfig(level=logging.INFO)`` — unless ``print_fn`` is given: then
+each line is handed to ``print_fn(line)`` instead (``print``, ``list.append``).
+
+A run is a :class:`Loop`, built then run: building touches no file; :meth:`Loop.run`
+takes the workdir, compiles, restores or initialises the state, writes ``config.json``
+and trains.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
+import logging
 import math
 import os
 import time
@@ -66,12 +76,21 @@ from orthojax.train.optimizers import user_optimizer
 from orthojax.train.program import CompiledProgram
 from orthojax.train.program import ModelFn
 from orthojax.train.program import OptimizerArg
+from orthojax.train.program import Program
 from orthojax.train.program import build_program
 from orthojax.train.program import compile_program
 from orthojax.train.program import dataset_info
+from orthojax.train.resume import earlier_layout
 from orthojax.train.resume import resume_differences
 from orthojax.train.step import TrainState
 from orthojax.train.workdir_lock import WorkdirLock
+
+_LOG = logging.getLogger(__name__)
+
+PrintFn = Callable[[str], Any]
+"""``print_fn(line)``: the hook for a run's console lines, called once per line with the
+line alone (no keywords). None (the default of :func:`train` and :func:`fit`): the lines
+go to the ``orthojax.train.trainer`` logger at INFO, warnings at WARNING."""
 
 Hook = Callable[[int, Any], dict[str, Any]]
 """``hook(step, model) -> metrics``: called on ``config.hooks``'s schedule with the model
@@ -177,7 +196,8 @@ def evaluate(eval_step: Callable, state: TrainState, batches, mesh) -> dict[str,
 
 
 def train(config: Config, *, hooks: tuple[Hook, ...] = (),
-          devices: list[jax.Device] | None = None, print_fn=print) -> TrainResult:
+          devices: list[jax.Device] | None = None,
+          print_fn: PrintFn | None = None) -> TrainResult:
   """Train ``config``; resumes from ``config.workdir`` when it holds a checkpoint.
 
   Args:
@@ -186,7 +206,9 @@ def train(config: Config, *, hooks: tuple[Hook, ...] = (),
       the schedule of ``config.hooks`` (every N steps, at given epochs); their scalars
       go to the metrics log (e.g. :func:`orthojax.analysis.spectrum_hook`).
     devices: the devices to build the mesh over (default: all).
-    print_fn: console output.
+    print_fn: called with each console line alone
+      (:data:`~orthojax.train.trainer.PrintFn`); None: Python logging, logger
+      ``orthojax.train.trainer``, at INFO (warnings at WARNING).
 
   Raises:
     NonFiniteLossError: a non-finite loss with ``config.nan_policy="stop"``; the
@@ -197,10 +219,8 @@ def train(config: Config, *, hooks: tuple[Hook, ...] = (),
   # Checked by building (model and optimizer constructed, abstractly) before the workdir is
   # touched: a bad key or section leaves nothing behind.
   program = build_program(config, info, devices=devices, num_processes=jax.process_count())
-  print_fn = _console(print_fn)
-  with WorkdirLock(config.workdir, print_fn):   # before anything is read or written there
-    source = inputs.RegisteredInput(config.data["name"], config.options, config.data_dir)
-    return Loop(compile_program(program), source, hooks, print_fn, _zoo_record(config, info)).run()
+  source = inputs.RegisteredInput(config.data["name"], config.options, config.data_dir)
+  return Loop(program, source, hooks, print_fn, _zoo_record(config, info)).run()
 
 
 def _zoo_record(config: Config, info: Any) -> dict[str, Any]:
@@ -216,7 +236,7 @@ def _zoo_record(config: Config, info: Any) -> dict[str, Any]:
 def fit(model_fn: ModelFn, optimizer: OptimizerArg, train_data: inputs.TrainSource,
         config: Config, *, eval_data: inputs.EvalSource | Iterable[inputs.Batch] = None,
         hooks: tuple[Hook, ...] = (), devices: Sequence[jax.Device] | None = None,
-        print_fn=print) -> TrainResult:
+        print_fn: PrintFn | None = None) -> TrainResult:
   """Train ``model_fn(rngs)`` with ``optimizer`` on ``train_data``.
 
   Args:
@@ -252,9 +272,10 @@ def fit(model_fn: ModelFn, optimizer: OptimizerArg, train_data: inputs.TrainSour
     hooks: ``hook(step, model) -> dict`` (:data:`orthojax.train.trainer.Hook`)
       every ``config.hooks.every_steps`` steps.
     devices: the devices to build the mesh over (default: all).
-
-    print_fn: console output: any callable of the line (``print``, ``logging.info``,
-      ``list.append``).
+    print_fn: called with each console line alone (``print``, ``list.append``;
+      :data:`~orthojax.train.trainer.PrintFn`); None: the lines go to Python logging,
+      logger ``orthojax.train.trainer``, at INFO (warnings at WARNING) —
+      ``logging.basicConfig(level=logging.INFO)`` or absl's ``app.run`` shows them.
 
   Returns:
     The :class:`~orthojax.train.trainer.TrainResult`: ``result.model`` is the trained
@@ -295,22 +316,8 @@ def fit(model_fn: ModelFn, optimizer: OptimizerArg, train_data: inputs.TrainSour
   program = build_program(config, info, devices=devices, num_processes=jax.process_count(),
                           model_fn=model_fn, optimizer=optimizer)
   record = _fit_record(config, info, model_fn, optimizer)
-  print_fn = _console(print_fn)
-  with WorkdirLock(config.workdir, print_fn):
-    source = inputs.IterableInput(train_data, eval_data, example=first)
-    return Loop(compile_program(program), source, hooks, print_fn, record).run()
-
-
-def _console(print_fn: Callable[..., Any]) -> Callable[..., Any]:
-  """``print_fn`` called as ``print`` is (``flush=True``), or with the line alone when it
-  takes no keywords."""
-  try:
-    parameters = inspect.signature(print_fn).parameters.values()
-  except (TypeError, ValueError):   # a builtin without a signature: called as print is
-    return print_fn
-  if any(p.kind == p.VAR_KEYWORD or p.name == "flush" for p in parameters):
-    return print_fn
-  return lambda *args, **kwargs: print_fn(" ".join(map(str, args)))
+  source = inputs.IterableInput(train_data, eval_data, example=first)
+  return Loop(program, source, hooks, print_fn, record).run()
 
 
 def _fit_record(config: Config, info: Any, model_fn: ModelFn,
@@ -331,19 +338,36 @@ def _fit_record(config: Config, info: Any, model_fn: ModelFn,
 
 
 class Loop:
-  """The training loop over a compiled program and its input (one instance per run)."""
+  """The training loop over a program and its input: built, then run (once).
 
-  def __init__(self, compiled: CompiledProgram, source: inputs.Input, hooks: tuple[Hook, ...],
-               print_fn=print, record: dict[str, Any] | None = None):
-    self.compiled = compiled
-    # What the run trains, for config.json, the checkpoints and the resume check: the
-    # config, or what fit() was given (orthojax.train.fingerprint).
-    self.record = record if record is not None else compiled.program.config.to_dict()
-    self.source = source
-    self.program = program = compiled.program
+  Building only records what to run: it touches no file and no checkpoint, so a
+  ``Loop`` can be made, inspected or handed on freely. :meth:`run` does the rest, in
+  order: take the workdir's lock (:class:`~orthojax.train.workdir_lock.WorkdirLock`),
+  compile the steps, restore the newest intact checkpoint (or initialise), write
+  ``config.json``, train, evaluate.
+
+  Args:
+    program: the built program (:func:`~orthojax.train.program.build_program`).
+    source: where the batches come from (:mod:`orthojax.train.inputs`).
+    hooks: ``hook(step, model) -> metrics`` on ``config.hooks``'s schedule.
+    print_fn: called with each console line alone
+      (:data:`~orthojax.train.trainer.PrintFn`); None: the ``orthojax.train.trainer``
+      logger, at INFO (warnings — a damaged checkpoint passed over, parameters off their
+      manifold — at WARNING).
+    record: what the run trains, for ``config.json``, the checkpoints and the resume
+      check: the config (default), or what :func:`fit` was given
+      (:mod:`orthojax.train.fingerprint`).
+  """
+
+  def __init__(self, program: Program, source: inputs.Input, hooks: tuple[Hook, ...] = (),
+               print_fn: PrintFn | None = None, record: dict[str, Any] | None = None):
+    self.program = program
     self.config = config = program.config
+    self.record = record if record is not None else config.to_dict()
+    self.source = source
     self.hooks = hooks
-    self.print = print_fn
+    self.print = _LOG.info if print_fn is None else print_fn
+    self.warn = _LOG.warning if print_fn is None else print_fn   # a line that needs action
     self.watch, self.higher_is_better = (("top1", True) if program.classification
                                          else ("loss", False))
     # XLA:CPU runs each simulated device's part of a program on a shared thread
@@ -355,41 +379,75 @@ class Loop:
     devices = program.mesh.devices.flat
     self.one_step_in_flight = (program.mesh.size > 1
                                and all(d.platform == "cpu" for d in devices))
-    self.checkpointer = None
+    self.hook_steps = {round(e * program.steps_per_epoch) for e in config.hooks.epochs}
+    # Set by run(): the compiled steps, the checkpoints, the state and where it stands.
+    self.compiled: CompiledProgram | None = None
+    self.checkpointer: ckpt_lib.Checkpointer | None = None
+    self.state: TrainState | None = None
+    self.best_state: TrainState | None = None   # config.restore_best: a copy at the best eval
+    self.loop = LoopState()
+    self.interval = metrics_lib.IntervalMean()   # train metrics since the last log
+    self.restored = False
+    self.step = 0
+    self.saved_step: int | None = None
+    self.defect_warned = False
+
+  def run(self) -> TrainResult:
+    """Train to the end (or early stopping, or preemption) and return the result.
+
+    Raises:
+      ConfigError: the workdir is held by another run, or its checkpoint is of another
+        run or damaged beyond use (one line).
+      NonFiniteLossError: see :func:`train`.
+      RuntimeError: the loop has run before (build another).
+    """
+    if self.compiled is not None:
+      raise RuntimeError("a Loop runs once; build another for the next run")
+    with WorkdirLock(self.config.workdir, self.print):   # before anything is read or written
+      try:
+        self._start()
+        return self._loop()
+      finally:
+        if self.checkpointer:
+          self.checkpointer.close()
+
+  # ---------------------------------------------------------------- Start --
+
+  def _start(self) -> None:
+    """Compile, open the checkpoints, restore or initialise, write ``config.json``."""
+    config = self.config
+    self.compiled = compile_program(self.program)
     if config.workdir:
       self.checkpointer = ckpt_lib.Checkpointer(
           os.path.join(config.workdir, "checkpoints"), every_steps=config.checkpoint.every_steps,
           keep=config.checkpoint.keep)
-    self.loop = LoopState()
-    self.defect_warned = False
-    self.best_state: TrainState | None = None   # config.restore_best: a copy at the best eval
     self.state = self._init_or_restore()
-    self.interval = metrics_lib.IntervalMean()   # train metrics since the last log
     self.interval.load_state_dict(self.loop.interval)
     if config.workdir and jax.process_index() == 0:   # the run's flags, beside its results
       path = epath.Path(config.workdir) / "config.json"
       path.write_text(json.dumps(self.record, indent=1))
     self.step = int(jax.device_get(self.state.step))
     self.saved_step = self.step if self.restored else None
-    self.hook_steps = {round(e * program.steps_per_epoch) for e in config.hooks.epochs}
-
-  # ------------------------------------------------------ Init or restore --
 
   def _init_or_restore(self) -> TrainState:
     latest = None
     if self.checkpointer:
       try:
-        latest = self.checkpointer.latest_intact_step(self.print)
+        latest = self.checkpointer.latest_intact_step(self.warn)
       except ValueError as e:
-        self.checkpointer.close()
         raise ConfigError(f"config.workdir={self.config.workdir!r}: {e}") from None
     self.restored = latest is not None
     if latest is None:
       return self.program.init()
-    changed = resume_differences(self.checkpointer.meta(latest).get("config", {}), self.config,
-                                 recorded=self.record)
-    if changed:
+    saved = self.checkpointer.meta(latest).get("config", {})
+    layout = earlier_layout(saved)
+    if layout:
       self.checkpointer.close()
+      raise ConfigError(f"config.workdir={self.config.workdir!r}: its checkpoint (step "
+                        f"{latest}) was written by an earlier orthojax layout ({layout}) and "
+                        f"cannot be resumed; start a new workdir")
+    changed = resume_differences(saved, self.config, recorded=self.record)
+    if changed:
       own = ("the model and optimizer it was started with"
              if self.record["model"].get("name") == fingerprint.FIT else "the run's own config")
       raise ConfigError(f"config.workdir={self.config.workdir!r}: its checkpoint (step "
@@ -403,7 +461,7 @@ class Loop:
     if self.best_state is not None:
       self.best_state = self.program.from_saved(self.best_state)
     self.loop = LoopState.from_meta(meta)
-    self.print(f"Resumed from {self.checkpointer.directory} at step {latest}", flush=True)
+    self.print(f"Resumed from {self.checkpointer.directory} at step {latest}")
     return state
 
   # ---------------------------------------------------------------- Input --
@@ -420,12 +478,28 @@ class Loop:
       return {}
     return evaluate(self.compiled.eval_step, state, batches, self.program.mesh)
 
-  # ----------------------------------------------------------- Checkpoint --
+  # ----------------------------------------------------------------- Step --
+
+  def _step(self, batch: Any) -> None:
+    """One update. Its metrics join the logging interval on the device (no host sync);
+    whether the step was finite is read back where its results reach the host
+    (:meth:`_check_finite`)."""
+    self.state, metrics = self.compiled.train_step(self.state, batch)
+    if self.one_step_in_flight:
+      jax.block_until_ready(self.state.step)
+    self.interval.add(metrics)
+    self.step += 1
+    self.loop.batches_consumed += 1
 
   def _check_finite(self) -> None:
-    """Stop on a non-finite step (``nan_policy=stop``) or, with ``skip``, once more
-    than ``max_skipped_fraction`` of the updates were dropped (judged from step
-    :data:`MIN_STEPS_FOR_SKIPPED_FRACTION` on): such a run is dead, not noisy."""
+    """The guard of :meth:`_step`, run wherever its results reach the host (a log line,
+    a checkpoint, the end): stop on a non-finite step (``nan_policy=stop``) or, with
+    ``skip``, once more than ``max_skipped_fraction`` of the updates were dropped (judged
+    from step :data:`MIN_STEPS_FOR_SKIPPED_FRACTION` on): such a run is dead, not noisy.
+
+    Raises:
+      NonFiniteLossError: one line with the step and the last checkpoint before it.
+    """
     config = self.config
     if config.nan_policy == "stop":
       bad = int(jax.device_get(self.state.first_nonfinite_step))
@@ -448,9 +522,23 @@ class Loop:
         + (f"The last checkpoint before it is step {last} in {self.checkpointer.directory}."
            if last is not None else "No checkpoint was written."))
 
+  def _log_train(self, writer: metrics_lib.MetricsWriter) -> dict[str, float]:
+    """Write the interval's train metrics (means since the last log) and the state's
+    gauges: learning-rate scale, skipped steps, orthogonality defect."""
+    values = self.interval.result()
+    values["lr_scale"] = jax.device_get(self.state.lr_scale)
+    if self.config.nan_policy == "skip":
+      values["skipped_steps"] = jax.device_get(self.state.skipped_steps)
+    if self.program.defect is not None:
+      values["orthogonality_defect"] = jax.device_get(self.program.defect(self.state.params))
+      self._warn_defect(values["orthogonality_defect"])
+    return writer.write(self.step, values, "train")
+
+  # ----------------------------------------------------------- Checkpoint --
+
   def _save(self) -> None:
-    """Save the current step unless it is already saved (a periodic save at a preemption)."""
-    self._check_finite()
+    """Save the current step unless it is already saved (a periodic save at a preemption).
+    The caller has passed :meth:`_check_finite` at this step: nothing non-finite is saved."""
     if self.saved_step == self.step:
       return
     self.loop.interval = self.interval.state_dict()
@@ -474,22 +562,20 @@ class Loop:
       lr_scale = jax.device_put(self.state.lr_scale * config.plateau_factor,
                                 self.program.state_sharding.lr_scale)
       self.state = self.state._replace(lr_scale=lr_scale)
-      self.print(f"Plateau: learning rate x{float(lr_scale):.3g}", flush=True)
+      self.print(f"Plateau: learning rate x{float(lr_scale):.3g}")
     stop = bool(config.early_stopping_patience
                 and self.loop.evals_since_best >= config.early_stopping_patience)
     if stop:
       self.print(f"Early stopping at step {step}: no improvement in {self.watch} for "
-                 f"{config.early_stopping_patience} evals (best at step {self.loop.best_step})",
-                 flush=True)
+                 f"{config.early_stopping_patience} evals (best at step {self.loop.best_step})")
     return stop
 
   # ----------------------------------------------------------------- Loop --
 
-  def run(self) -> TrainResult:
+  def _loop(self) -> TrainResult:
     config, total = self.config, self.program.total_steps
     writer = metrics_lib.MetricsWriter(config.workdir or None, total, print_fn=self.print,
                                        resume_step=self.step if self.restored else None)
-    interval = self.interval
     train_metrics: dict[str, float] = {}
     preempted = stopped_early = False
     if self.checkpointer:
@@ -505,37 +591,25 @@ class Loop:
           raise ConfigError(f"train_data: ended after {self.loop.batches_consumed} batches; "
                             f"num_steps={total} needs {total} (yield more, or pass a "
                             f"re-iterable, which is repeated like epochs)")
-        self.state, metrics = self.compiled.train_step(self.state, batch)
-        if self.one_step_in_flight:
-          jax.block_until_ready(self.state.step)
-        interval.add(metrics)
-        self.step += 1
-        self.loop.batches_consumed += 1
+        self._step(batch)
         if self.step % config.log_every == 0 or self.step == total:
-          self._check_finite()
-          values = interval.result()   # means over the steps since the last log
-          values["lr_scale"] = jax.device_get(self.state.lr_scale)
-          if config.nan_policy == "skip":
-            values["skipped_steps"] = jax.device_get(self.state.skipped_steps)
-          if self.program.defect is not None:
-            values["orthogonality_defect"] = jax.device_get(self.program.defect(self.state.params))
-            self._warn_defect(values["orthogonality_defect"])
-          train_metrics = writer.write(self.step, values, "train")
+          self._check_finite()   # the step's loss reaches the host here
+          train_metrics = self._log_train(writer)
         if self._hook_due(self.step):
           self._run_hooks(writer)
         if config.eval_every and self.step % config.eval_every == 0 and self.step < total:
           if self._eval_and_track(writer):
             stopped_early = True
             break
-        if self.checkpointer and self.checkpointer.should_save(self.step):
-          self._save()
-        if self.checkpointer and self.checkpointer.preempted(self.step):
-          self._save()
-          self.checkpointer.wait()
-          preempted = True
-          self.print(f"Preempted: saved step {self.step}; rerun the same command to resume.",
-                     flush=True)
-          break
+        if self.checkpointer:
+          preempted = self.checkpointer.preempted(self.step)
+          if preempted or self.checkpointer.should_save(self.step):
+            self._check_finite()   # a non-finite step is never saved
+            self._save()
+          if preempted:
+            self.checkpointer.wait()
+            self.print(f"Preempted: saved step {self.step}; rerun the same command to resume.")
+            break
       self._check_finite()
       elapsed = time.perf_counter() - start_time
       eval_metrics, split_metrics = {}, {}
@@ -543,8 +617,6 @@ class Loop:
         eval_metrics, split_metrics = self._final(writer, elapsed)
     finally:
       writer.close()
-      if self.checkpointer:
-        self.checkpointer.close()
     best = None
     if self.loop.best is not None:
       best = {self.watch: self.loop.best, "step": self.loop.best_step,
@@ -559,11 +631,11 @@ class Loop:
     """Say once when the manifold parameters have left their manifold."""
     if defect > DEFECT_TOLERANCE and not self.defect_warned:
       self.defect_warned = True
-      self.print(f"Warning: at step {self.step} the parameters on a manifold (StiefelParam, "
+      self.warn(f"Warning: at step {self.step} the parameters on a manifold (StiefelParam, "
                  f"ObliqueParam) are {float(defect):.3g} from it (largest defect, tolerance "
                  f"{DEFECT_TOLERANCE:g}): their optimizer does not keep them there (Muon or "
                  f"a Euclidean one?); use radam, rsgd, cayley_adam, landing or stiefel_muon "
-                 f"to keep them, or plain parameters if drifting is intended", flush=True)
+                 f"to keep them, or plain parameters if drifting is intended")
 
   def _hook_due(self, step: int) -> bool:
     """Whether ``config.hooks`` schedules the hooks after ``step`` updates."""
@@ -582,7 +654,8 @@ class Loop:
 
   def _final(self, writer: metrics_lib.MetricsWriter, elapsed: float
              ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """Save, then evaluate the final (or best) state on the eval and final splits."""
+    """Save (the loop has checked the state is finite), then evaluate the final (or best)
+    state on the eval and final splits."""
     config = self.config
     if self.checkpointer:
       self._save()
@@ -590,7 +663,7 @@ class Loop:
     if config.restore_best and self.best_state is not None:
       final = self.best_state
       self.print(f"Restored the best state (step {self.loop.best_step}) for the final "
-                 f"evaluation", flush=True)
+                 f"evaluation")
     eval_metrics = self._evaluate(final)
     if eval_metrics:
       eval_metrics = writer.write(self.step, eval_metrics, "eval")
@@ -598,5 +671,5 @@ class Loop:
                      for split in config.final_eval_splits}
     skipped = int(jax.device_get(self.state.skipped_steps))
     self.print(f"Done: {self.step} steps in {elapsed:.1f} s"
-               + (f" ({skipped} non-finite updates skipped)" if skipped else ""), flush=True)
+               + (f" ({skipped} non-finite updates skipped)" if skipped else ""))
     return eval_metrics, split_metrics

@@ -18,28 +18,33 @@ says so once and goes on, and one run per workdir is then the launcher's job
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import socket
-from typing import Any
+from typing import Any, Callable
 
 import jax
 
 from orthojax.train.config import ConfigError
 
 LOCK_FILE = "run.lock"
+_LOG = logging.getLogger(__name__)
 
 
 class WorkdirLock:
   """``with WorkdirLock(workdir):`` — the run's exclusive hold on ``workdir``.
+
+  ``print_fn(line)`` says where nothing can be locked (an object store); None: this
+  module's logger, at INFO.
 
   Raises:
     ConfigError: another live run holds it (one line naming host and pid), or
       the workdir is not a writable directory.
   """
 
-  def __init__(self, workdir: str | None, print_fn=print):
+  def __init__(self, workdir: str | None, print_fn: Callable[[str], Any] | None = None):
     self.workdir = workdir or None
-    self.print = print_fn
+    self.print = _LOG.info if print_fn is None else print_fn
     self._fd: int | None = None
 
   def __enter__(self) -> "WorkdirLock":
@@ -47,7 +52,7 @@ class WorkdirLock:
       return self
     if "://" in self.workdir:
       self.print(f"Note: workdir {self.workdir} is an object store; runs there are not "
-                 f"locked against each other", flush=True)
+                 f"locked against each other")
       return self
     import fcntl  # pylint: disable=g-import-not-at-top  (POSIX only)
     path = os.path.join(self.workdir, LOCK_FILE)

@@ -21,7 +21,8 @@ API = ROOT / "docs" / "api"
 
 MODULES = ["orthojax.linalg", "orthojax.manifolds", "orthojax.optim", "orthojax.penalties",
            "orthojax.nn", "orthojax.nn.initializers", "orthojax.nn.sharding", "orthojax.models",
-           "orthojax.analysis", "orthojax.analysis.mean_field", "orthojax.train"]
+           "orthojax.analysis", "orthojax.analysis.mean_field", "orthojax.train",
+           "orthojax.compile"]
 
 _DIRECTIVE = re.compile(
     r"^\.\. (?:auto(?:function|class|exception|data|attribute|module)|py:(?:data|function|class|"

@@ -6,13 +6,17 @@ import os
 import subprocess
 import sys
 
+from tests import compile_cache
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run(module: str, *args: str, devices: int = 1, timeout: int = 600,
-        check: bool = True, **popen) -> subprocess.CompletedProcess:
-  """``popen``: more ``subprocess.run`` keywords (e.g. ``preexec_fn``)."""
-  env = dict(os.environ)
+        check: bool = True, shared_cache: bool = True,
+        **popen) -> subprocess.CompletedProcess:
+  """``popen``: more ``subprocess.run`` keywords (e.g. ``preexec_fn``). ``shared_cache``:
+  reuse the session's compiled programs (tests/compile_cache.py); False compiles them all."""
+  env = compile_cache.env(os.environ) if shared_cache else dict(os.environ)
   env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   proc = subprocess.run([sys.executable, "-m", f"experiments.{module}", *args], env=env,

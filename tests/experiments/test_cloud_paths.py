@@ -41,7 +41,7 @@ def test_metrics_records_report_and_plots_land_in_the_bucket(tmp_path, monkeypat
   bucket = tmp_path / "store"
   with fake_bucket(bucket):
     writer = metrics.MetricsWriter("gs://b/run", total_steps=2, tensorboard=False,
-                                   is_writer=True, print_fn=lambda *a, **k: None)
+                                   is_writer=True, print_fn=lambda line: None)
     writer.write(1, {"loss": 2.0})
     writer.write(2, {"loss": 1.0})
     writer.close()
@@ -54,7 +54,7 @@ def test_metrics_records_report_and_plots_land_in_the_bucket(tmp_path, monkeypat
     _harness.local_render(scatter, lambda p: _harness.plot_rows(rows, p, group="variant",
                                                                 series="variant"))
     _harness.write_report("gs://b/run", experiment="uci", title="E3", rows=rows,
-                          plots=[plot, scatter], print_fn=lambda *a, **k: None)
+                          plots=[plot, scatter], print_fn=lambda line: None)
     results = _harness.read_results("gs://b/run")
   assert results["rows"][0]["paper"] == 3.057
   assert results["plots"] == ["gs://b/run/plot.png", "gs://b/run/scatter.png"]

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from orthojax.train import topology
+from orthojax.compile import topology
 from tests.experiments import _cli
 
 pytestmark = pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu not installed")

@@ -18,6 +18,9 @@ from orthojax.train.config import ConfigError
 from tests.experiments import _cli
 
 SMOKE = "--flagfile=experiments/flags/critical_tanh_smoke.flags"
+# The runs that measure and train the smoke networks, on one xdist worker one after the
+# other: the later ones reuse the first's compiled programs (tests/compile_cache.py).
+SMOKE_NETWORKS = pytest.mark.xdist_group("e5_smoke_networks")
 
 
 # λ_max(F) and σ_max(J) against dense references: tests/analysis/test_isometry.py.
@@ -40,6 +43,7 @@ def test_config_help_needs_no_workdir_and_builds_first(tmp_path):
       "error: config.optimizer.stiefel.name='adam': not a manifold optimizer"), bad.stderr
 
 
+@SMOKE_NETWORKS
 def test_smoke_flagfile_reports_rho_beside_the_paper(tmp_path):
   workdir = tmp_path / "e5"
   proc = _cli.run("critical_tanh", SMOKE, f"--workdir={workdir}")
@@ -66,6 +70,7 @@ def test_smoke_flagfile_reports_rho_beside_the_paper(tmp_path):
   assert "Report: " in proc.stdout
 
 
+@SMOKE_NETWORKS
 def test_init_stage_alone_measures_every_network_once_and_resumes(tmp_path):
   """``--stages=init``: one record per network, no training; a rerun reads the records
   (a record edited on disk shows up in the report unchanged)."""
@@ -112,6 +117,7 @@ def test_loss_at_and_first_step_below_read_the_logged_curve():
   assert critical_tanh.first_step_below(curve, 0.1) is None
 
 
+@SMOKE_NETWORKS
 def test_include_workdirs_reports_kinds_trained_in_separate_workdirs(tmp_path):
   """Each kind of network at its own rates in its own workdir; the second report includes
   the first's networks: rows, the speed notes (numbers = the records' curves) and plots."""
@@ -285,13 +291,16 @@ def test_curves_say_the_seeds_and_label_a_narrow_log_axis_plainly(tmp_path, monk
 
 def test_the_probe_picks_each_cells_rates_and_the_train_stage_uses_them(tmp_path):
   """Per (q*, kind): the best validation top-1 of each group's grid, the manifold rate
-  first; the trained networks' config.json holds those rates; --rates_from reuses them."""
+  first; the trained networks' config.json holds those rates; --rates_from reuses them.
+  The networks train one epoch without diagnostics after init (what is checked here is
+  their rates): the programs of the probe's trials."""
   workdir = tmp_path / "probe"
+  short = ("--diagnostic_epochs=0", "--config.num_epochs=1")
   grids = ["--probe_epochs=1", "--probe_rates_euclidean=1e-3,1e-2",
            "--probe_rates_manifold=1e-3,1e-2,1e-1", "--probe_rates_rest=1e-3,1e-2",
            "--probe_widen=0", "--q_stars=0.5"]
-  _cli.run("critical_tanh", SMOKE, *grids, "--stages=probe,train", f"--workdir={workdir}",
-           timeout=900)
+  _cli.run("critical_tanh", SMOKE, *grids, *short, "--stages=probe,train",
+           f"--workdir={workdir}", timeout=900)
   rates = json.loads((workdir / "probe/rates.json").read_text())
   assert list(rates["cells"]) == ["q_star=0.5/weights=euclidean", "q_star=0.5/weights=stiefel"]
   for name, entry in rates["cells"].items():
@@ -316,7 +325,7 @@ def test_the_probe_picks_each_cells_rates_and_the_train_stage_uses_them(tmp_path
                           "config.optimizer.stiefel.learning_rate") for n in notes)
   again = tmp_path / "again"
   _cli.run("critical_tanh", SMOKE, "--q_stars=0.5", "--weight_kinds=stiefel", "--stages=train",
-           f"--rates_from={workdir}", f"--workdir={again}", timeout=300)
+           *short, f"--rates_from={workdir}", f"--workdir={again}", timeout=300)
   config = json.loads((again / "runs/q_star=0.5/weights=stiefel/seed=0/config.json").read_text())
   assert config["optimizer"]["stiefel"]["learning_rate"] == stiefel["rates"]["stiefel"]
   assert config["optimizer"]["euclidean"]["learning_rate"] == stiefel["rates"]["euclidean"]

@@ -78,9 +78,9 @@ def test_flags_name_the_bad_value(flag, value, message):
           parse("loss_thresholds", "0.5,0.2")) == ([2, 8], ["gaussian"], [0.5, 0.2])
 
 
-def test_smoke_flagfile_runs_and_reports(tmp_path, monkeypatch):
-  # Runs with the same program (same depth / penalty kind) share XLA compilations.
-  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax_cache"))
+def test_smoke_flagfile_runs_and_reports(tmp_path):
+  # Runs with the same program (same depth / penalty kind) share XLA compilations: the
+  # session's cache (tests/compile_cache.py).
   workdir = tmp_path / "e7"
   proc = _cli.run("deep_linear", SMOKE, f"--workdir={workdir}")
   results = json.loads((workdir / "results.json").read_text())

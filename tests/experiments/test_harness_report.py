@@ -155,7 +155,7 @@ def test_report_shows_plots_relative_to_the_workdir(tmp_path):
   plot = _harness.plot_rows([_harness.Row({"v": "sp"}, "m", [1.0, 2.0], 1.5)],
                             str(workdir / "plots" / "bars.png"), group="v", series="v")
   markdown = _harness.write_report(str(workdir), experiment="x", title="X", rows=[],
-                                   plots=[plot], print_fn=lambda *a, **k: None)
+                                   plots=[plot], print_fn=lambda line: None)
   assert "![bars.png](plots/bars.png)" in markdown
   assert str(tmp_path) not in markdown
   moved = tmp_path / "elsewhere"
@@ -171,7 +171,7 @@ def test_wall_time_sums_the_sittings_that_trained(tmp_path, monkeypatch):
   sitting = runs.Sitting()
   monkeypatch.setattr(runs, "SITTING", sitting)
   workdir = str(tmp_path)
-  quiet = dict(experiment="x", title="X", rows=[], print_fn=lambda *a, **k: None)
+  quiet = dict(experiment="x", title="X", rows=[], print_fn=lambda line: None)
 
   def report(seconds, trained):
     sitting.reset()

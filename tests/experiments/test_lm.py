@@ -24,6 +24,7 @@ from orthojax.train import model_zoo
 from orthojax.train import program
 from orthojax.train.config import Config
 from orthojax.train.data import text
+from tests import compile_cache
 from tests.experiments import _cli
 from tests.train.data import test_text
 
@@ -153,8 +154,8 @@ def _one_run(workdir, corpus_dir, *extra):
 def test_resume_after_kill_9_is_exact(tmp_path, corpus_dir):
   _cli.run("lm", *_one_run(tmp_path / "straight", corpus_dir)[3:], timeout=300)
   killed = tmp_path / "killed"
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-         "PYTHONPATH": _cli.REPO}
+  env = {**compile_cache.env(os.environ),
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "PYTHONPATH": _cli.REPO}
   proc = subprocess.Popen(_one_run(killed, corpus_dir), env=env, cwd=_cli.REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   for line in proc.stdout:

@@ -17,6 +17,7 @@ import pytest
 
 from experiments import resnet50
 from orthojax.train.config import Config
+from tests import compile_cache
 from tests.experiments import _cli
 
 SMOKE = "--flagfile=experiments/flags/resnet50_smoke.flags"
@@ -87,7 +88,7 @@ def test_smoke_flagfile_is_the_recipe_scaled_down():
 
 
 def _popen(*args: str) -> subprocess.Popen:
-  env = dict(os.environ)
+  env = compile_cache.env(os.environ)
   env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
   env["PYTHONPATH"] = _cli.REPO + os.pathsep + env.get("PYTHONPATH", "")
   return subprocess.Popen([sys.executable, "-m", "experiments.resnet50", *args], env=env,
@@ -115,6 +116,12 @@ def _checkpoints(run_dir) -> list[int]:
   return sorted(int(p) for p in os.listdir(path) if p.isdigit()) if path.exists() else []
 
 
+# The two smoke trainings on one xdist worker, one after the other: the second reuses the
+# first's compiled ResNet-18 (tests/compile_cache.py).
+SMOKE_TRAINING = pytest.mark.xdist_group("e1_smoke_training")
+
+
+@SMOKE_TRAINING
 def test_smoke_checkpoints_is_preempted_resumes_and_reports(tmp_path):
   workdir = tmp_path / "e1"
   run_dir = workdir   # E1 is a single run: it trains in the workdir itself
@@ -211,6 +218,7 @@ def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
   assert not [p.name for p in tmp_path.iterdir()]   # nothing written
 
 
+@SMOKE_TRAINING
 def test_experiments_train_and_resnet50_share_one_workdir_layout(tmp_path):
   """The same flagfile under either entry point trains in the same place: a run
   started by ``experiments.train`` is resumed (here: found finished) by

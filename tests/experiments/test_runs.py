@@ -15,8 +15,7 @@ _CONFIG = Config(model={"name": "MLP", "variant": "sp", "hidden": 16}, data={"na
 
 def _execute(run, workdir):
   printed = []
-  record = runs.execute(run, str(workdir), print_fn=lambda *a, **k: printed.append(
-      " ".join(map(str, a))))
+  record = runs.execute(run, str(workdir), print_fn=printed.append)
   return record, printed
 
 

@@ -115,9 +115,15 @@ def test_a_flat_view_fails_when_the_run_is_built():
     program.check(config, devices=jax.devices()[:1])
 
 
-def test_smoke_flagfile_runs_and_reports(tmp_path, monkeypatch):
-  # Runs with the same program (same depth / penalty kind) share XLA compilations.
-  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax_cache"))
+# The smoke run and the two-seed run on one xdist worker, one after the other: the second
+# reuses the first's compiled programs (tests/compile_cache.py).
+SMOKE_RUNS = pytest.mark.xdist_group("e6_smoke_runs")
+
+
+@SMOKE_RUNS
+def test_smoke_flagfile_runs_and_reports(tmp_path):
+  # Runs with the same program (same depth / penalty kind) share XLA compilations: the
+  # session's cache (tests/compile_cache.py).
   workdir = tmp_path / "e6"
   proc = _cli.run("seq_mnist", SMOKE, f"--workdir={workdir}")
   results = json.loads((workdir / "results.json").read_text())
@@ -280,10 +286,10 @@ def test_lambda_sweep_means_se_best_and_plot(tmp_path):
   assert path.endswith("sweep.png") and png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
-def test_two_seeds_two_lambdas_claim_rows_and_sweep_plot(tmp_path, monkeypatch):
+@SMOKE_RUNS
+def test_two_seeds_two_lambdas_claim_rows_and_sweep_plot(tmp_path):
   """A tiny real run: 2 seeds, 2 λ, 1 epoch. The claim rows are the per-seed differences of
   the runs' own result.json files; the sweep plot is written."""
-  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax_cache"))
   workdir = tmp_path / "e6"
   _cli.run("seq_mnist", SMOKE, f"--workdir={workdir}", "--num_seeds=2",
            "--variants=glorot,orthogonal,orthogonal_gain_so,orthogonal_gain_adj_so",

@@ -88,14 +88,15 @@ def test_smoke_flagfile_runs_and_reports_beside_the_paper(tmp_path):
 
 def test_reruns_are_bit_identical_whatever_the_threads(tmp_path):
   """WN and BN (norms and batch statistics: reductions) give the same bits twice,
-  the second time on one CPU (another XLA thread-pool size)."""
+  the second time on one CPU (another XLA thread-pool size). Each run compiles its own
+  programs (no shared compilation cache)."""
   import os
   one_cpu = {"preexec_fn": lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})}
   records = []
   for name, kwargs in (("a", {}), ("b", one_cpu)):
     workdir = tmp_path / name
     _cli.run("uci", "--flagfile=experiments/flags/uci_smoke.flags", "--variants=wn,bn",
-             "--num_splits=1", f"--workdir={workdir}", **kwargs)
+             "--num_splits=1", f"--workdir={workdir}", shared_cache=False, **kwargs)
     records.append({v: json.loads((workdir / f"runs/dataset=boston/variant={v}/split=0/"
                                              "result.json").read_text()) for v in ("wn", "bn")})
   for variant in ("wn", "bn"):

@@ -70,7 +70,7 @@ def test_trainer_keeps_the_conv_kernels_on_the_manifold(tmp_path):
       optimizer={"euclidean": {"name": "sgd", "learning_rate": 0.1, "momentum": 0.9},
                  "stiefel": {"name": "radam", "learning_rate": 0.05,
                              "manifold": {"name": "Stiefel", "retraction": "cayley"}}})
-  result = train(config, print_fn=lambda *a, **k: None)
+  result = train(config, print_fn=lambda line: None)
   assert result.final_step == 4
   kernels = [np.asarray(x) for x in jax.tree.leaves(result.state.params) if np.ndim(x) == 4]
   assert len(kernels) == 6

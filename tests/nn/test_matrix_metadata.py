@@ -12,41 +12,7 @@ import pytest
 import orthojax as oj
 from orthojax.nn import sharding
 from orthojax.train import model_zoo
-
-R = lambda: nnx.Rngs(0)
-LAYERS = {
-    "GmPDense": lambda: oj.nn.GmPDense(4, 3, rngs=R()),
-    "GmPConv": lambda: oj.nn.GmPConv(2, 3, 3, rngs=R()),
-    "InputMeanNorm": lambda: oj.nn.InputMeanNorm(3, rngs=R()),
-    "ManifoldLinear stiefel": lambda: oj.nn.ManifoldLinear(4, 3, rngs=R()),
-    "ManifoldLinear oblique": lambda: oj.nn.ManifoldLinear(4, 3, manifold="oblique", rngs=R()),
-    "MeanOnlyBatchNorm": lambda: oj.nn.MeanOnlyBatchNorm(3, rngs=R()),
-    "OrthogonalDense cayley": lambda: oj.nn.OrthogonalDense(4, 3, learn_gain=True, rngs=R()),
-    "OrthogonalDense householder": lambda: oj.nn.OrthogonalDense(
-        4, 4, parametrization="householder", rngs=R()),
-    "OrthogonalConv": lambda: oj.nn.OrthogonalConv(2, 3, 3, rngs=R()),
-    "WeightNormDense": lambda: oj.nn.WeightNormDense(4, 3, rngs=R()),
-    "WeightNormConv": lambda: oj.nn.WeightNormConv(2, 3, 3, rngs=R()),
-}
-MODELS = {
-    **{f"MLP {v}": (lambda v=v: oj.models.MLP(3, 4, 2, variant=v, rngs=R()))
-       for v in oj.models.MLP.VARIANTS},
-    **{f"DeepMLP {w}": (lambda w=w: oj.models.DeepMLP(5, 3, 4, 2, q_star=0.5, weights=w,
-                                                      rngs=R()))
-       for w in oj.models.DeepMLP.WEIGHTS},
-    "DeepLinear": lambda: oj.models.DeepLinear(3, 4, 5, 2, rngs=R()),
-    **{f"ResNet18 {n}": (lambda n=n: oj.models.ResNet(18, n, 10, rngs=R()))
-       for n in ("bn", "wn_mbn", "gmp_imn")},
-    **{f"VGG6 {v}": (lambda v=v: oj.models.VGG6(v, 10, widths=(4, 4, 4), rngs=R()))
-       for v in oj.models.VGG6.VARIANTS},
-    "SequenceRNN": lambda: oj.models.SequenceRNN(3, 4, 2, rngs=R()),
-    "SequenceRNN stiefel": lambda: oj.models.SequenceRNN(3, 4, 2, recurrent="stiefel", recurrent_init="orthogonal",
-                                                         rngs=R()),
-    "TransformerLM": lambda: oj.models.TransformerLM(11, depth=2, width=8, heads=2, rngs=R()),
-    "TransformerLM stiefel": lambda: oj.models.TransformerLM(
-        11, depth=2, width=8, heads=2, stiefel="attention", oblique="mlp", scale="output",
-        qk_norm=True, rngs=R()),
-}
+from tests.nn._zoo import LAYERS, MODELS, R
 
 
 def _params(module):
@@ -68,6 +34,7 @@ def test_every_parameter_says_whether_it_is_a_matrix(build):
     name = "/".join(map(str, path))
     if kernel:
       assert view is not False, f"{name}: a kernel marked not-a-matrix"
+      oj.linalg.layout(variable.shape, view, name)   # recorded, or inferable (not a 1-D conv's)
     else:
       assert view is False or variable.ndim < 2, (
           f"{name} {variable.shape} axes {axes}: not a matrix, but its metadata does not "

@@ -133,3 +133,35 @@ def test_the_wrappers_fix_bucketing_for_one_transformation():
   assert per_leaf == reference and "stack" not in per_leaf
   assert forced == _primitives(make, params, grads) and forced["stack"] > 0
   assert oj.optim.keeps_manifold(oj.optim.per_leaf(make()))
+
+
+def test_padded_buckets_stack_matrices_that_share_their_small_side():
+  """``bucket="pad"``: a 27 × 8 stem, a 72 × 8 kernel and a wide 8 × 16 projection are
+  one call on their tall matrices padded to 72 rows; Newton–Schulz ignores zero rows, so
+  each result equals its own; a leaf whose state is shaped otherwise is not padded."""
+  params = {"stem": jax.random.normal(jax.random.PRNGKey(0), (3, 3, 3, 8)),
+            "a": jax.random.normal(jax.random.PRNGKey(1), (3, 3, 8, 8)),
+            "proj": jax.random.normal(jax.random.PRNGKey(2), (1, 1, 8, 16)),
+            "stack": jax.random.normal(jax.random.PRNGKey(3), (2, 40, 8))}
+  views = {"stack": STACK}
+  seen = []
+
+  def orthogonalize(w, view):
+    seen.append(w.shape)
+    lo = oj.linalg.layout(w.shape, view)
+    return lo.from_tall(oj.linalg.newton_schulz(lo.to_tall(w), coeffs="cubic", steps=30))
+
+  padded = oj.linalg.map_views(orthogonalize, params, views=views, bucket="pad")
+  assert seen == [(5, 72, 8)]   # 1 + 1 + 1 + 2 matrices of 8 columns, 72 rows
+  seen.clear()
+  with oj.linalg.bucketing(False):
+    alone = oj.linalg.map_views(orthogonalize, params, views=views, bucket="pad")
+  assert len(seen) == 4
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6),
+               padded, alone)
+  seen.clear()
+  per_matrix = {k: jnp.ones(oj.linalg.layout(v.shape, views.get(k)).batch_shape)
+                for k, v in params.items()}
+  oj.linalg.map_views(lambda w, s, view: (orthogonalize(w, view), s), params, per_matrix,
+                      views=views, bucket="pad")
+  assert sorted(seen) == sorted([(3, 3, 3, 8), (3, 3, 8, 8), (1, 1, 8, 16), (2, 40, 8)])

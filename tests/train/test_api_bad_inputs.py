@@ -105,10 +105,10 @@ def test_a_workdir_that_is_a_file_names_the_workdir(tmp_path):
   assert "--workdir" not in str(e.value)
 
 
-def test_fit_returns_the_trained_model_and_takes_any_print_fn():
+def test_fit_returns_the_trained_model_and_hands_print_fn_each_line():
   lines = []
   result = fit(_Net, optax.adam(1e-2), _batches(), _CONFIG, devices=_CPU,
-               print_fn=lines.append)   # takes no flush=
+               print_fn=lines.append)   # print_fn(line): the line alone, no keywords
   assert lines and all(isinstance(line, str) for line in lines)
   assert isinstance(result.model, _Net)
   x = _batches(1)[0]["x"]

@@ -10,6 +10,7 @@ import pytest
 from orthojax.train import program
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
+from orthojax.train.resume import earlier_layout
 from orthojax.train.resume import resume_differences
 
 
@@ -54,7 +55,6 @@ def test_resume_refuses_changed_mathematics_and_allows_logistics():
   diff = resume_differences(saved, config.replace(optimizer={"euclidean": {"learning_rate": 2e-3}}))
   assert diff == ["config.optimizer.euclidean.learning_rate=0.002 (checkpoint: 0.001)"]
   assert resume_differences(saved, config.replace(num_steps=20)) == []   # constant schedule
-  assert resume_differences({"model": "mlp", "lr": 0.1}, config) == []   # older flat config
 
 
 _ADAM = {"name": "adam", "learning_rate": 1e-3}
@@ -155,19 +155,29 @@ def test_old_keys_name_their_new_spelling():
     Config(optimizer={"manifold": {"name": "Stiefel"}})
 
 
-@pytest.mark.parametrize("weights,group", [("stiefel", "stiefel"), ("oblique", "oblique")])
-def test_a_run_recorded_before_the_groups_resumes(weights, group):
-  """config.json of an earlier orthojax (optimizer + euclidean_optimizer, the manifold
-  supplied by the trainer) against today's config of the same run: no difference."""
-  model = {"name": "DeepMLP", "depth": 2, "width": 8, "weights": weights}
-  old = {**Config(num_steps=10, model=model).to_dict(),
-         "optimizer": {"name": "radam", "learning_rate": 1e-3},
-         "euclidean_optimizer": {"name": "adam", "learning_rate": 1e-3}}
-  now = Config(num_steps=10, model=model, optimizer={
-      "euclidean": {"name": "adam", "learning_rate": 1e-3},
-      group: {"name": "radam", "learning_rate": 1e-3,
-              "manifold": {"name": group.capitalize()}}})
-  assert resume_differences(old, now) == []
-  changed = now.replace(optimizer={group: {"learning_rate": 2e-3}})
-  assert resume_differences(old, changed) == [
-      f"config.optimizer.{group}.learning_rate=0.002 (checkpoint: 0.001)"]
+def _without(tree, key):
+  return {k: v for k, v in tree.items() if k != key}
+
+
+_TODAY = Config(num_steps=10, model={"name": "DeepMLP", "depth": 2, "width": 8,
+                                     "weights": "stiefel"}).to_dict()
+
+
+@pytest.mark.parametrize("saved, sign", [
+    ({"model": "mlp", "lr": 0.1, "num_steps": 10}, "config.lr is not a key"),   # flat
+    ({**_without(_TODAY, "hooks"), "spectrum_every": 2}, "config.spectrum_every is not a key"),
+    (_without(_TODAY, "hooks"), "no config.hooks"),
+    ({**_TODAY, "model": "DeepMLP"}, "config.model is not a section"),
+    ({**_TODAY, "optimizer": {"name": "radam", "learning_rate": 1e-3}},
+     "config.optimizer.learning_rate is not a parameter group"),
+    ({}, "no config.batch_size"),
+])
+def test_a_config_in_an_earlier_layout_is_named_not_translated(saved, sign):
+  assert earlier_layout(saved) == sign
+
+
+def test_todays_layout_is_not_an_earlier_one():
+  assert earlier_layout(_TODAY) is None
+  assert earlier_layout({**_TODAY, "data_checksum": "ab12"}) is None   # a text corpus's
+  fit = {**_TODAY, "optimizer": {"fit": {"update": {}}}, "penalty": None}
+  assert earlier_layout(fit) is None

@@ -26,6 +26,7 @@ import orthojax as oj
 from orthojax.train import Config
 from orthojax.train import ConfigError
 from orthojax.train import fit
+from tests import compile_cache
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -65,7 +66,7 @@ SCRIPT = textwrap.dedent('''
     workdir = sys.argv[1]
     config = Config(batch_size=32, num_steps=16, log_every=16, checkpoint={"every_steps": 4},
                     workdir=workdir, hooks={"every_steps": 1})
-    result = fit(Net, optimizer, batches, config, hooks=(hook,))
+    result = fit(Net, optimizer, batches, config, hooks=(hook,), print_fn=print)
     np.savez(os.path.join(workdir, "final.npz"),
              **{k: np.asarray(v) for k, v in result.state.params.items() if k != "head"},
              head=np.asarray(result.state.params["head"]["kernel"]))
@@ -73,8 +74,9 @@ SCRIPT = textwrap.dedent('''
 
 
 def _run(script, workdir, kill_at=0):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             PYTHONPATH=REPO, KILL_AT=str(kill_at), JAX_PLATFORMS="cpu")
+  env = dict(compile_cache.env(os.environ),
+             XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=REPO,
+             KILL_AT=str(kill_at), JAX_PLATFORMS="cpu")
   return subprocess.run([sys.executable, str(script), str(workdir)], env=env, cwd=REPO,
                         capture_output=True, text=True, timeout=600)
 
@@ -120,7 +122,7 @@ def test_regression_and_eval_data():
   result = fit(model_fn, optax.sgd(0.1), data, Config(batch_size=8, num_steps=30, loss="mse",
                                                       log_every=30),
                eval_data=lambda: [{"x": x[:5], "y": x[:5].sum(1)}], devices=[_cpu()],
-               print_fn=lambda *a, **k: None)
+               print_fn=lambda line: None)
   assert result.eval_metrics["examples"] == 5       # padded to the batch, masked
   assert result.eval_metrics["rmse"] < 0.5
 
@@ -174,14 +176,14 @@ def test_readme_example_runs_on_8_devices_with_steps_in_flight(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   defect = float(proc.stdout.split("defect")[-1])
   assert defect < 1e-5
-  assert "[train] step 50/60" in proc.stdout
+  assert "[train] step 50/60" in proc.stderr   # logging's console (basicConfig): stderr
 
 
 def test_a_stream_that_ends_early_is_one_line():
   short = lambda start: _batches(3)[start:]
   with pytest.raises(ConfigError, match="ended after 3 batches; num_steps=5") as err:
     fit(_Tiny, optax.adam(1e-3), short, Config(batch_size=8, num_steps=5), devices=[_cpu()],
-        print_fn=lambda *a, **k: None)
+        print_fn=lambda line: None)
   assert "\n" not in str(err.value)
 
 
@@ -197,7 +199,7 @@ def _fit(tmp_path, model_fn, tx, num_steps):
   return fit(model_fn, tx, _batches(), Config(batch_size=8, num_steps=num_steps, log_every=2,
                                               workdir=str(tmp_path / "run"),
                                               checkpoint={"every_steps": 2}),
-             devices=[_cpu()], print_fn=lambda *a, **k: None)
+             devices=[_cpu()], print_fn=lambda line: None)
 
 
 @pytest.mark.parametrize("model_fn, tx, message", [
@@ -283,7 +285,7 @@ def test_fit_trains_a_transformer_with_stiefel_attention_on_token_batches():
                                                   stiefel="attention", rngs=rngs)
   result = fit(model_fn, optimizer, batches,
                Config(num_steps=40, batch_size=8, log_every=40, mesh={"data": 1}),
-               print_fn=lambda *a, **k: None, devices=__import__("jax").devices()[:1])
+               print_fn=lambda line: None, devices=__import__("jax").devices()[:1])
   assert result.train_metrics["loss"] < 0.8 * np.log(len(vocab))
   stiefel = oj.manifolds.Stiefel()
   for name in ("qkv", "attn_out"):

@@ -39,7 +39,7 @@ class Recorder:
 def _train(config, tmp_path, hooks):
   workdir = str(tmp_path / "run")
   result = trainer.train(config.replace(workdir=workdir), hooks=hooks,
-                         devices=jax.devices()[:1], print_fn=lambda *a, **k: None)
+                         devices=jax.devices()[:1], print_fn=lambda line: None)
   return result, read_jsonl(os.path.join(workdir, "metrics.jsonl"))
 
 
@@ -80,13 +80,14 @@ def test_bad_schedules_name_the_key(hooks, message):
     _BASE.replace(hooks=hooks).validate()
 
 
-def test_the_old_key_names_the_new_one_and_old_checkpoints_resume():
+def test_the_old_key_names_the_new_one():
   with pytest.raises(ConfigError, match="config.spectrum_every: renamed config.hooks.every_steps"):
     Config.from_dict({"spectrum_every": 1, "num_steps": 1})
-  saved = {**_BASE.to_dict(), "spectrum_every": 2}
-  del saved["hooks"]
-  assert resume_differences(saved, _BASE.replace(hooks={"every_steps": 2})) == []
-  assert resume_differences(saved, _BASE.replace(hooks={"every_steps": 7})) == []   # resumable
+
+
+def test_the_hook_schedule_may_change_on_resume():
+  saved = _BASE.replace(hooks={"every_steps": 2}).to_dict()
+  assert resume_differences(saved, _BASE.replace(hooks={"every_steps": 7, "epochs": (1.0,)})) == []
 
 
 def test_fit_has_no_epochs():

@@ -21,6 +21,7 @@ NOT_IN_A_REGISTRY = {
     "project_to_tangent": "building block of a chain",
     "riemannian_momentum": "building block of a chain",
     "scale_by_riemannian_adam": "building block of a chain",
+    "scale_by_muon": "building block of a chain (muon, stiefel_muon)",
     "retract": "building block of a chain",
     "scale_by_muon": "building block of a chain",
     "keeps_manifold": "a question about a transformation, not one",

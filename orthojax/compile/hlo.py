@@ -48,6 +48,8 @@ _OPERAND = re.compile(r"%([\w.\-]+)")
 
 @dataclasses.dataclass(frozen=True)
 class Instruction:
+  """One instruction of an HLO computation, its line ``%name = type op(rest`` split up."""
+
   name: str
   type: str        # the result type text, e.g. "f32[32,256]{1,0}" or a tuple
   op: str

@@ -2,7 +2,7 @@
 
 :func:`compile_for` builds the run's program with the trainer's own code
 (``orthojax.train.program.build_program``) over abstract TPU devices
-(:mod:`orthojax.train.topology`), compiles its train and eval steps with
+(:mod:`orthojax.compile.topology`), compiles its train and eval steps with
 ``libtpu`` (``orthojax.train.program.compile_program``) and reads the
 executables:
 
@@ -12,7 +12,7 @@ executables:
   ``arguments + outputs − aliased + temporaries + code``;
 * FLOPs and bytes accessed per chip from ``Compiled.cost_analysis()``, with
   loop bodies (scanned stacks, micro-batches) counted for every iteration
-  (``orthojax.train.hlo``);
+  (``orthojax.compile.hlo``);
 * collectives by kind, with counts and bytes per step, from the optimized HLO;
 * a roofline bound: step time ≥ max(FLOPs / peak FLOP/s, bytes / HBM
   bandwidth), hence examples/s per chip ≤ per-chip batch / that time. It is
@@ -35,8 +35,8 @@ import jax
 
 from etils import epath
 
-from orthojax.train import hlo
-from orthojax.train import topology as topology_lib
+from orthojax.compile import hlo
+from orthojax.compile import topology as topology_lib
 from orthojax.train.config import Config
 from orthojax.train.program import ModelFn
 from orthojax.train.program import OptimizerArg
@@ -62,7 +62,7 @@ class StepReport:
       cheapest branch (``guarded_flops``).
     xla_flops: ``cost_analysis()["flops"]`` as XLA counts it (loop bodies once).
     bytes_accessed: HBM bytes read and written per step per chip: XLA's count with
-      loop bodies counted per iteration (``orthojax.train.hlo.loop_corrected_bytes``),
+      loop bodies counted per iteration (``orthojax.compile.hlo.loop_corrected_bytes``),
       guarded conditionals at their cheapest branch.
     xla_bytes_accessed: ``cost_analysis()["bytes accessed"]`` (loop bodies once).
     memory: bytes per chip: ``arguments``, ``outputs``, ``aliased``,
@@ -70,7 +70,7 @@ class StepReport:
     collectives: ``{kind: {"count", "bytes"}}`` per step.
     unknown_loops: loops whose trip count could not be read (counted once).
     traffic_by_scope: HBM bytes per step per chip by the name scope of the ops
-      (``orthojax.train.hlo.Module.traffic_by_scope``): ``loss_and_grad``,
+      (``orthojax.compile.hlo.Module.traffic_by_scope``): ``loss_and_grad``,
       ``optimizer/<transformation>``, ``(compiler-inserted)``.
     optimizer_collectives: the collectives among those that the optimizer's ops
       run (its scope), e.g. the owner-sharded update's one all-gather.
@@ -79,7 +79,7 @@ class StepReport:
       guard's fall-back included (CholeskyQR2's second pass and Householder QR, a
       periodic re-orthonormalisation). ``flops`` and ``bytes_accessed`` count the
       cheapest branch, the step when no guard fires
-      (``orthojax.train.hlo.Module.from_text``).
+      (``orthojax.compile.hlo.Module.from_text``).
     guarded_bytes_accessed: ``bytes_accessed`` counted the same way.
   """
 
@@ -279,7 +279,7 @@ def compile_for(config: Config, topology: str, *, num_slices: int | None = None,
   Args:
     config: the run's config; its mesh axes are taken over the topology's
       chips (``config.mesh.num_slices`` from ``num_slices`` when given, else the config).
-    topology: e.g. ``"v5e:4x4"`` (:class:`orthojax.train.topology.Topology`).
+    topology: e.g. ``"v5e:4x4"`` (:class:`orthojax.compile.topology.Topology`).
     num_chips: use only the topology's first ``num_chips`` chips (a run that its
       experiment pins to fewer devices, e.g. tiny full-batch runs on one).
     model_fn, optimizer: as for :func:`orthojax.train.fit`; None: the zoo model

@@ -11,7 +11,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from orthojax import linalg
-from orthojax.train import hlo
+from orthojax.compile import hlo
 
 
 def _module(fn, *args) -> tuple[hlo.Module, float]:
@@ -223,3 +223,26 @@ def test_lapack_flops_count_cholesky_qr2s_factor_and_solve(shape):
   costliest = hlo.Module.from_text(text)
   assert hlo.lapack_flops(costliest) == pytest.approx(
       2 * one_pass + matrices * 2 * householder(n, p))
+
+
+def test_kernels_count_a_scopes_launches_per_step():
+  """A scanned loop's body launches once per trip (the count is linear in the trips); a
+  Cholesky is one library call; what runs outside the ``optimizer`` scope is not its."""
+  def fn(ws, x, spd):
+    h = jnp.tanh(x @ x.T)                       # outside the scope
+    with jax.named_scope("optimizer"):
+      y = jax.lax.scan(lambda c, w: (jnp.tanh(c @ w) * 2 + 1, None), x, ws)[0]
+      factor = jnp.linalg.cholesky(spd)
+    return h, y, factor
+
+  def kernels(layers, scope="optimizer"):
+    module, _ = _module(fn, jnp.ones((layers, 16, 16)), jnp.ones((8, 16)),
+                        4 * jnp.eye(6) + jnp.ones((6, 6)))
+    return module.kernels(scope)
+
+  three, four, six = (sum(kernels(n).values()) for n in (3, 4, 6))
+  body = four - three
+  assert body >= 1 and six == three + 3 * body
+  ours = kernels(3)
+  assert [v for k, v in ours.items() if k.startswith("custom-call:") and "potrf" in k] == [1]
+  assert sum(kernels(3, None).values()) > three   # the product outside counts there only

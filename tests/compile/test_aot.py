@@ -20,10 +20,10 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from orthojax.train import aot
+from orthojax.compile import aot
+from orthojax.compile import hlo
+from orthojax.compile import topology
 from orthojax.train import data as data_lib
-from orthojax.train import hlo
-from orthojax.train import topology
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
 from orthojax.train.program import build_program
