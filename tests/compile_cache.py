@@ -1,4 +1,14 @@
-"""One persistent XLA compilation cache for the programs a test session runs as subprocesses.
+"""How the tests compile: XLA:CPU at LLVM optimization level 0, and one persistent XLA
+compilation cache for the programs a test session runs as subprocesses.
+
+The suite's programs are small and run a few steps, so compiling is most of its time:
+:data:`FAST_COMPILE` (``--xla_backend_optimization_level=0``, the LLVM backend's ``-O0``)
+halves it. XLA's HLO passes (fusion, layout, algebraic simplification) still run, and
+LLVM does not reorder float arithmetic at any level without fast-math (off in XLA:CPU),
+so the numbers the tests check are the ones a default build computes; only machine-code
+speed differs. ``tests/conftest.py`` adds it to the pytest processes' ``XLA_FLAGS``,
+:func:`xla_flags` to their subprocesses'. The benchmarks and the experiments themselves
+run at XLA's default level.
 
 Many tests start the same training program in fresh processes (an experiment's smoke run
 and its rerun, a run killed and resumed, two entry points on one workdir); each process
@@ -15,6 +25,13 @@ from __future__ import annotations
 import os
 
 VAR = "ORTHOJAX_TEST_COMPILATION_CACHE"
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+
+
+def xla_flags(devices: int) -> str:
+  """``XLA_FLAGS`` for a test's subprocess: ``devices`` simulated CPU devices, compiled
+  as the pytest processes compile (:data:`FAST_COMPILE`)."""
+  return f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}"
 
 
 def env(base: dict[str, str]) -> dict[str, str]:

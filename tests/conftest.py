@@ -2,7 +2,8 @@
 
 Eight simulated CPU devices so sharding tests can build real meshes; the flag
 must be set before jax is first imported. Hypothesis runs without deadlines
-(jit compilation makes the first example slow) and with few examples in CI.
+(jit compilation makes the first example slow) and with few examples in CI. XLA:CPU
+compiles at LLVM -O0 (tests/compile_cache.py).
 The programs tests run as subprocesses share one XLA compilation cache per session
 (tests/compile_cache.py).
 """
@@ -10,6 +11,10 @@ The programs tests run as subprocesses share one XLA compilation cache per sessi
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# LLVM -O0 for the suite's small programs: half the compile time, the same numbers
+# (tests/compile_cache.py says why).
+if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+  os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # tests never need a GPU
 # libtpu is installed for the pod compile check; tests run on the CPU backend and
 # reach TPUs only as abstract compile targets.

@@ -17,7 +17,7 @@ def run(module: str, *args: str, devices: int = 1, timeout: int = 600,
   """``popen``: more ``subprocess.run`` keywords (e.g. ``preexec_fn``). ``shared_cache``:
   reuse the session's compiled programs (tests/compile_cache.py); False compiles them all."""
   env = compile_cache.env(os.environ) if shared_cache else dict(os.environ)
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["XLA_FLAGS"] = compile_cache.xla_flags(devices)
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   proc = subprocess.run([sys.executable, "-m", f"experiments.{module}", *args], env=env,
                         cwd=REPO, capture_output=True, text=True, timeout=timeout, **popen)

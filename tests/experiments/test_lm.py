@@ -155,7 +155,7 @@ def test_resume_after_kill_9_is_exact(tmp_path, corpus_dir):
   _cli.run("lm", *_one_run(tmp_path / "straight", corpus_dir)[3:], timeout=300)
   killed = tmp_path / "killed"
   env = {**compile_cache.env(os.environ),
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "PYTHONPATH": _cli.REPO}
+         "XLA_FLAGS": compile_cache.xla_flags(1), "PYTHONPATH": _cli.REPO}
   proc = subprocess.Popen(_one_run(killed, corpus_dir), env=env, cwd=_cli.REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   for line in proc.stdout:

@@ -89,7 +89,7 @@ def test_smoke_flagfile_is_the_recipe_scaled_down():
 
 def _popen(*args: str) -> subprocess.Popen:
   env = compile_cache.env(os.environ)
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+  env["XLA_FLAGS"] = compile_cache.xla_flags(1)
   env["PYTHONPATH"] = _cli.REPO + os.pathsep + env.get("PYTHONPATH", "")
   return subprocess.Popen([sys.executable, "-m", "experiments.resnet50", *args], env=env,
                           cwd=_cli.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -75,7 +75,7 @@ SCRIPT = textwrap.dedent('''
 
 def _run(script, workdir, kill_at=0):
   env = dict(compile_cache.env(os.environ),
-             XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=REPO,
+             XLA_FLAGS=compile_cache.xla_flags(8), PYTHONPATH=REPO,
              KILL_AT=str(kill_at), JAX_PLATFORMS="cpu")
   return subprocess.run([sys.executable, str(script), str(workdir)], env=env, cwd=REPO,
                         capture_output=True, text=True, timeout=600)

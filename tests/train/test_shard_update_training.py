@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import orthojax as oj
+from tests import compile_cache
 from tests.train.processes import run_together
 from orthojax.train import trainer
 from orthojax.train.config import Config
@@ -117,7 +118,7 @@ def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path, repl
   port = str(21000 + os.getpid() % 20000)
   run_together([[sys.executable, str(driver), port, str(i), str(tmp_path / "multi"),
                  repr(_STIEFEL_FIELDS)] for i in range(2)],
-               [{**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}] * 2,
+               [{**env, "XLA_FLAGS": compile_cache.xla_flags(4)}] * 2,
                _REPO, tmp_path)
   np.testing.assert_allclose(np.load(tmp_path / "multi" / "kernels.npy"),
                              np.asarray(replicated.state.params["model"]["kernels"]),

@@ -131,7 +131,7 @@ def _cli(workdir, *extra):
 
 def _env(devices=8):
   env = compile_cache.env(os.environ)
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["XLA_FLAGS"] = compile_cache.xla_flags(devices)
   env["PYTHONPATH"] = _REPO + os.pathsep + env.get("PYTHONPATH", "")
   return env
 
