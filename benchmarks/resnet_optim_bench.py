@@ -18,9 +18,8 @@ The steps are timed interleaved call by call
 (:func:`benchmarks._harness.time_fns`), so each ratio sees one machine load.
 The manifold optimizers stack same-shape kernels into one batched update
 (:func:`orthojax.linalg.map_views`' buckets: 20 shapes among ResNet-50's 53
-kernels); on the CPU the suite also times ``radam`` traced under
-``oj.linalg.bucketing(False)``, one chain of kernels per leaf, and reports the
-ratio. Batch 32, or 256 (the paper's per-GPU batch) on a GPU.
+kernels); on the CPU the suite also times ``oj.optim.per_leaf(radam)``, one chain
+of kernels per leaf, and reports the ratio. Batch 32, or 256 (the paper's per-GPU batch) on a GPU.
 
 Targets (GPU only): ``radam / sgd`` <= 1.15x,
 ``muon / sgd`` <= 1.05x. On CPU they are reported, not judged: there the
@@ -91,11 +90,9 @@ def run(quick: bool = False) -> list[Row]:
   fns, states = {}, []
   txs = optimizers()
   if not gpu:   # per leaf: minutes of compile on a GPU (183 s on an H200 at batch 256)
-    txs["radam_per_leaf"] = txs["radam"]
+    txs["radam_per_leaf"] = oj.optim.per_leaf(txs["radam"])
   for i, (name, tx) in enumerate(txs.items()):
     step = _train_step(graphdef, tx)
-    if name.endswith("per_leaf"):
-      step = _per_leaf(step)
     fns[name] = (lambda step, i: lambda p, r, *a: step(p, r, a[i], a[-2], a[-1]))(step, i)
     states.append(tx.init(params))
   t = time_fns(fns, params, rest, *states, x, y, **reps)
@@ -114,10 +111,3 @@ def run(quick: bool = False) -> list[Row]:
                     note=f"{1e3 * t['radam_per_leaf']:.0f} ms per leaf"))
   return rows
 
-
-def _per_leaf(step):
-  """``step`` traced with one chain of kernels per leaf (``oj.linalg.bucketing(False)``)."""
-  def traced(*args):
-    with oj.linalg.bucketing(False):
-      return step(*args)
-  return traced
