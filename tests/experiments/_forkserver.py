@@ -17,6 +17,7 @@ the server checks both after the imports and refuses to start otherwise.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import runpy
@@ -84,6 +85,7 @@ def main() -> None:
     os.write(errors, (_read(import_err) + traceback.format_exc()).encode())
     sys.exit(1)
   imported = _read(import_out), _read(import_err)
+  gc.freeze()   # the imports' objects: a child's exit does not walk (and copy) them all
   answers = os.fdopen(reply, "w")
   for line in os.fdopen(requests):   # no with: a child unwinds through here as it exits
     request = json.loads(line)
