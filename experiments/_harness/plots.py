@@ -10,8 +10,6 @@ import textwrap
 from typing import Any, Callable, Sequence
 
 from etils import epath
-import matplotlib
-import matplotlib.pyplot as plt
 
 from experiments._harness.report import Row
 from experiments._harness.runs import Run
@@ -20,8 +18,11 @@ from orthojax.train import metrics as metrics_lib
 
 
 def pyplot() -> Any:
-  """``matplotlib.pyplot`` on the Agg backend (no display needed)."""
+  """``matplotlib.pyplot`` on the Agg backend (no display needed); imported here, when a
+  figure is drawn, so a run that plots nothing (or stops on a bad flag) does not load it."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   return plt
 
 

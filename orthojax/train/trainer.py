@@ -58,14 +58,13 @@ import logging
 import math
 import os
 import time
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from etils import epath
 from flax import nnx
 import jax
 import optax
 
-from orthojax.train import checkpoint as ckpt_lib
 from orthojax.train import fingerprint
 from orthojax.train import inputs
 from orthojax.train import mesh as mesh_lib
@@ -84,6 +83,9 @@ from orthojax.train.resume import earlier_layout
 from orthojax.train.resume import resume_differences
 from orthojax.train.step import TrainState
 from orthojax.train.workdir_lock import WorkdirLock
+
+if TYPE_CHECKING:   # Orbax is imported when a run opens its checkpoints (Loop._start)
+  from orthojax.train import checkpoint as ckpt_lib
 
 _LOG = logging.getLogger(__name__)
 
@@ -418,6 +420,7 @@ class Loop:
     config = self.config
     self.compiled = compile_program(self.program)
     if config.workdir:
+      from orthojax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top  (Orbax)
       self.checkpointer = ckpt_lib.Checkpointer(
           os.path.join(config.workdir, "checkpoints"), every_steps=config.checkpoint.every_steps,
           keep=config.checkpoint.keep)

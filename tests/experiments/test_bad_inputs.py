@@ -1,12 +1,17 @@
 """Bad input to every experiment, as a user types it: one line, no traceback, exit 2,
 nothing written — before any data is loaded or anything is trained.
 
-Each case runs the module in a subprocess (``python -m experiments.<name> …``) on the
-smoke flagfile (or the default config) plus one bad flag or config override, and
-checks stderr is exactly one ``error: …`` line that names what to fix.
+Each case runs the module as ``python -m experiments.<name> …`` on the smoke flagfile (or
+the default config) plus one bad flag or config override, and checks stderr is exactly
+one ``error: …`` line that names what to fix. The process is a fork of one that has done
+the imports every experiment does (``_cli.forked``: the module, its flags and all after
+the imports fresh in each case); one case also runs in a process of its own, and the two
+must agree.
 """
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 
@@ -124,20 +129,35 @@ CASES += [(m, (), "--flagfile=experiments/flags/nope.flags",
 @pytest.mark.parametrize("module,base,bad,fragment", CASES,
                          ids=[f"{m}:{b}" for m, _, b, _ in CASES])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, module, base, bad, fragment):
+  _check(_cli.forked, tmp_path, module, base, bad, fragment)
+
+
+def test_a_process_of_its_own_says_the_same_as_a_fork(tmp_path):
+  """``_cli.forked`` stands for ``python -m``: the same case, both ways, the same result."""
+  case = ("train", TRAIN, "--config.batch_size=12", "config.batch_size=12: not divisible")
+  (tmp_path / "alone").mkdir()
+  (tmp_path / "forked").mkdir()
+  alone = _check(functools.partial(_cli.run, check=False), tmp_path / "alone", *case)
+  forked = _check(_cli.forked, tmp_path / "forked", *case)
+  assert (forked.returncode, forked.stdout, forked.stderr) == (
+      alone.returncode, alone.stdout, alone.stderr)
+
+
+def _check(run, tmp_path, module, base, bad, fragment):
   workdir = tmp_path / "w"
   a_file = tmp_path / "a_file"
   a_file.write_text("not a directory")
   bad = bad.replace("{tmp}", str(tmp_path / "no_data")).replace("{file}", str(a_file))
   fragment = fragment.replace("{file}", str(a_file))
   bad = bad.split(" ")
-  proc = _cli.run(module, *base, f"--workdir={workdir}", *bad, devices=8, timeout=300,
-                  check=False)
+  proc = run(module, *base, f"--workdir={workdir}", *bad, devices=8, timeout=300)
   lines = [line for line in proc.stderr.splitlines() if line.strip()]
   assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
   assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
   assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
   assert fragment in lines[0], lines[0]
   assert not workdir.exists() or not any(workdir.iterdir()), list(workdir.iterdir())
+  return proc
 
 
 def test_at_least_forty_bad_inputs_across_every_experiment():

