@@ -8,7 +8,6 @@ the module fresh as ``__main__`` with that ``sys.argv`` (its flags defined anew,
 stdout and stderr in files of its own) and exits as that process would (atexit
 handlers included). The reply, one JSON line on stdout: the exit status, stdout and
 stderr, each stream after what the imports here wrote to it (a warning at import time
-import traceback
 counts in every case, as it would in a process of its own).
 
 A fork is only that faithful while the process holds one thread and no JAX backend, so
