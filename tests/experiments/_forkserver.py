@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 
 def _capture() -> tuple[int, int]:
