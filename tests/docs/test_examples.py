@@ -22,6 +22,9 @@ def _has_python(path: pathlib.Path) -> bool:
   return any(b.info == "python" for b in markdown_examples.blocks(path.read_text()))
 
 
+# One worker runs every page, in order: the pages' examples share its imports and the
+# programs JAX has compiled for earlier pages (with -n, each worker would pay them again).
+@pytest.mark.xdist_group("doc_pages")
 @pytest.mark.parametrize("page", [p for p in PAGES if _has_python(p)],
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_page_examples_run(page, tmp_path, monkeypatch):

@@ -114,12 +114,15 @@ def test_bfloat16_compute_reaches_every_layer(model, info):
   config = Config(model=model, compute_dtype="bfloat16", num_steps=10,
                   optimizer={"euclidean": {"name": "sgd", "learning_rate": 0.1, "momentum": 0.9}},
                   loss="cross_entropy" if info.task == "classification" else "mse")
-  model = model_zoo.build(config, info, nnx.Rngs(0))
+  # Shapes and dtypes are all a jaxpr needs: the model and the optimizer state are built
+  # abstractly (no initialisation runs).
+  model = nnx.eval_shape(lambda: model_zoo.build(config, info, nnx.Rngs(0)))
   model.train()
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   params = nnx.to_pure_dict(params)
   tx = optimizers.build(config, total_steps=10)
-  state = TrainState.create(params, nnx.to_pure_dict(rest), tx)
+  state = jax.eval_shape(lambda p, r: TrainState.create(p, r, tx), params,
+                         nnx.to_pure_dict(rest))
   classification = info.task == "classification"
   y = (jnp.zeros((_BATCH,), jnp.int32) if classification else jnp.zeros((_BATCH,), jnp.float32))
   batch = {"x": jnp.ones((_BATCH,) + info.input_shape, jnp.float32), "y": y}
