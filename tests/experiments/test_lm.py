@@ -172,25 +172,44 @@ def test_resume_after_kill_9_is_exact(tmp_path, corpus_dir):
   assert again["test"]["loss"] == straight["test"]["loss"]
 
 
-@pytest.mark.parametrize("args,message", [
+BAD_INPUT = [
     (("--preset=gpt3",), "--preset=gpt3: choose one of gpt2_small, gpt_1p3b"),
     (("--config.data.context=100000",), "context=100000 is longer than"),
     (("--arms=adamw,lion",), "--arms=adamw,lion: unknown 'lion'"),
     (("--config.model.stiefel=all",), "config.model.stiefel"),
     (("--stages=probe", "--rates_from=/nonexistent"), "--rates_from=/nonexistent"),
-])
-def test_bad_input_is_one_line_before_any_work(tmp_path, corpus_dir, args, message):
-  proc = _cli.run("lm", SMOKE, *_data(corpus_dir), f"--workdir={tmp_path / 'w'}", *args,
-                  check=False, timeout=120)
+]
+UNKNOWN_TFDS = ("--config.data.name=tfds_text", "--config.data.tfds_name=no_such_text_set")
+# The command lines that stop before any work: one forked process each (_cli.run_each),
+# on one worker (their shared fixture).
+BAD_COMMAND_LINES = pytest.mark.xdist_group("e8_bad_command_lines")
+
+
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory, corpus_dir):
+  """Each bad command line's process and workdir: BAD_INPUT's on the prepared corpus, then
+  the unknown TFDS set."""
+  root = tmp_path_factory.mktemp("e8_bad_input")
+  commands = [(SMOKE, *_data(corpus_dir), f"--workdir={root / str(i) / 'w'}", *args)
+              for i, (args, _) in enumerate(BAD_INPUT)]
+  commands.append((SMOKE, *UNKNOWN_TFDS, f"--workdir={root / 'tfds' / 'w'}"))
+  procs = _cli.run_each("lm", commands, root, timeout=600)
+  workdirs = [root / str(i) / "w" for i in range(len(BAD_INPUT))] + [root / "tfds" / "w"]
+  return list(zip(procs, workdirs))
+
+
+@BAD_COMMAND_LINES
+@pytest.mark.parametrize("args,message", BAD_INPUT)
+def test_bad_input_is_one_line_before_any_work(bad_runs, args, message):
+  proc, workdir = bad_runs[BAD_INPUT.index((args, message))]
   assert proc.returncode != 0
   last = proc.stderr.strip().splitlines()[-1]
   assert message in last, proc.stderr[-2000:]
-  assert not (tmp_path / "w" / "runs").exists()
+  assert not (workdir / "runs").exists()
 
 
-def test_an_unknown_tfds_text_set_is_one_line(tmp_path):
-  proc = _cli.run("lm", SMOKE, "--config.data.name=tfds_text",
-                  "--config.data.tfds_name=no_such_text_set", f"--workdir={tmp_path / 'w'}",
-                  check=False, timeout=120)
+@BAD_COMMAND_LINES
+def test_an_unknown_tfds_text_set_is_one_line(bad_runs):
+  proc, _ = bad_runs[-1]
   assert proc.returncode != 0
   assert "no_such_text_set" in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
