@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Sequence
 
 from tests import compile_cache
 
@@ -60,3 +61,9 @@ def forked(module: str, *args: str, devices: int = 1,
   reply = json.loads(reply)
   return subprocess.CompletedProcess([sys.executable, "-m", *args], reply["returncode"],
                                      reply["stdout"], reply["stderr"])
+
+
+def run_each(module: str, commands: Sequence[Sequence[str]], *, devices: int = 1,
+             timeout: int = 600) -> list[subprocess.CompletedProcess]:
+  """:func:`forked` for each of ``commands`` (argument lists), one after the other."""
+  return [forked(module, *command, devices=devices, timeout=timeout) for command in commands]

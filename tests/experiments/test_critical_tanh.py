@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import shutil
 
 import numpy as np
 import pytest
@@ -21,6 +22,17 @@ SMOKE = "--flagfile=experiments/flags/critical_tanh_smoke.flags"
 # The runs that measure and train the smoke networks, on one xdist worker one after the
 # other: the later ones reuse the first's compiled programs (tests/compile_cache.py).
 SMOKE_NETWORKS = pytest.mark.xdist_group("e5_smoke_networks")
+# The command lines that stop before any training (bad flags, --config_help): one forked
+# process each, on one worker (their shared fixture).
+COMMAND_LINES = pytest.mark.xdist_group("e5_command_lines")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+  """The smoke flagfile run to the end in a fresh workdir: (workdir, the process). Its
+  networks and records are reused by the tests after the smoke test (in its group)."""
+  workdir = tmp_path_factory.mktemp("e5_smoke") / "e5"
+  return workdir, _cli.run("critical_tanh", SMOKE, f"--workdir={workdir}")
 
 
 # λ_max(F) and σ_max(J) against dense references: tests/analysis/test_isometry.py.
@@ -32,21 +44,20 @@ def test_runs_schedule_the_diagnostics_hook_on_the_later_epochs():
   assert [r.config.seed for r in runs] == [base.seed, base.seed + 1] * 2
 
 
-def test_config_help_needs_no_workdir_and_builds_first(tmp_path):
-  proc = _cli.run("critical_tanh", SMOKE, "--config_help", check=False, timeout=120)
+@COMMAND_LINES
+def test_config_help_needs_no_workdir_and_builds_first(command_lines):
+  proc = command_lines(SMOKE, "--config_help")
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "stiefel:" in proc.stdout and "config.optimizer.{euclidean,stiefel,oblique}.name" in (
       proc.stdout)
-  bad = _cli.run("critical_tanh", SMOKE, "--config_help", "--config.optimizer.stiefel.name=adam",
-                 check=False, timeout=120)
+  bad = command_lines(SMOKE, "--config_help", "--config.optimizer.stiefel.name=adam")
   assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
       "error: config.optimizer.stiefel.name='adam': not a manifold optimizer"), bad.stderr
 
 
 @SMOKE_NETWORKS
-def test_smoke_flagfile_reports_rho_beside_the_paper(tmp_path):
-  workdir = tmp_path / "e5"
-  proc = _cli.run("critical_tanh", SMOKE, f"--workdir={workdir}")
+def test_smoke_flagfile_reports_rho_beside_the_paper(smoke):
+  workdir, proc = smoke
   results = json.loads((workdir / "results.json").read_text())
   rho = {r["setting"]["quantity"]: r for r in results["rows"]
          if r["setting"].get("networks") == "all"}
@@ -71,16 +82,27 @@ def test_smoke_flagfile_reports_rho_beside_the_paper(tmp_path):
 
 
 @SMOKE_NETWORKS
-def test_init_stage_alone_measures_every_network_once_and_resumes(tmp_path):
-  """``--stages=init``: one record per network, no training; a rerun reads the records
-  (a record edited on disk shows up in the report unchanged)."""
+def test_init_stage_alone_measures_every_network_once_and_resumes(tmp_path, smoke):
+  """``--stages=init``: one record per network, no training; records already there are
+  read, not measured again (here three of the smoke run's four, copied: the fourth is
+  measured, as the smoke run measured it); a rerun reads them all (a record edited on
+  disk shows up in the report unchanged)."""
   workdir = tmp_path / "e5"
+  measured = "q_star=0.5/weights=stiefel/seed=0.json"
+  shutil.copytree(smoke[0] / "init", workdir / "init")
+  (workdir / "init" / measured).unlink()
+  copied = {p: p.read_bytes() for p in (workdir / "init").rglob("*.json")}
+  assert len(copied) == 3 and not (workdir / "init" / measured).exists()
   _cli.run("critical_tanh", SMOKE, f"--workdir={workdir}", "--stages=init")
   assert not (workdir / "runs").exists()
   files = sorted(p.relative_to(workdir / "init").as_posix()
                  for p in (workdir / "init").rglob("*.json"))
   assert files == [f"q_star={q}/weights={k}/seed=0.json"
                    for q in ("0.01562", "0.5") for k in ("euclidean", "stiefel")]
+  assert all(p.read_bytes() == data for p, data in copied.items())   # read, not rewritten
+  new, before = (json.loads((d / "init" / measured).read_text()) for d in (workdir, smoke[0]))
+  for key in ("fisher_lambda_max", "fisher_mse_lambda_max", "jacobian_sigma_max_sq"):
+    assert new[key] == pytest.approx(before[key], rel=1e-6), key
   results = json.loads((workdir / "results.json").read_text())
   metrics = {r["metric"] for r in results["rows"]}
   assert "final train loss" not in metrics and "λ_max(F) at init, MSE" in metrics
@@ -118,37 +140,41 @@ def test_loss_at_and_first_step_below_read_the_logged_curve():
 
 
 @SMOKE_NETWORKS
-def test_include_workdirs_reports_kinds_trained_in_separate_workdirs(tmp_path):
+def test_include_workdirs_reports_kinds_trained_in_separate_workdirs(tmp_path, smoke):
   """Each kind of network at its own rates in its own workdir; the second report includes
-  the first's networks: rows, the speed notes (numbers = the records' curves) and plots."""
-  euclid, manifold = tmp_path / "euclidean", tmp_path / "manifold"
+  the first's networks: rows, the speed notes (numbers = the records' curves) and plots.
+  The first workdir is the smoke run's (Euclidean and Stiefel networks, every rate 1e-3);
+  the second trains an oblique network, its Euclidean group at 3e-4."""
+  smoked, oblique = smoke[0], tmp_path / "oblique"
   common = (SMOKE, "--stages=train", "--q_stars=0.5")
-  _cli.run("critical_tanh", *common, "--weight_kinds=euclidean", f"--workdir={euclid}",
-           "--config.optimizer.euclidean.learning_rate=3e-4")
-  _cli.run("critical_tanh", *common, "--weight_kinds=stiefel", f"--workdir={manifold}",
-           f"--include_workdirs={euclid}")
-  results = json.loads((manifold / "results.json").read_text())
+  _cli.run("critical_tanh", *common, "--weight_kinds=oblique", f"--workdir={oblique}",
+           f"--include_workdirs={smoked}", "--config.optimizer.euclidean.learning_rate=3e-4")
+  results = json.loads((oblique / "results.json").read_text())
   kinds = {r["setting"]["weights"] for r in results["rows"] if r["metric"] == "test top-1"}
-  assert kinds == {"euclidean", "stiefel"}
+  assert kinds == {"euclidean", "stiefel", "oblique"}
   own, other = results["notes"][:2]
-  assert "stiefel networks: radam lr 0.001, scales/biases/classifier adam lr 0.001" in own
-  assert "Euclidean" not in own
-  assert other.startswith(f"included from {euclid}: ")
-  assert "Euclidean networks: adam lr 0.0003" in other and "stiefel" not in other
+  assert "oblique networks: radam lr 0.001, scales/biases/classifier adam lr 0.0003" in own
+  assert "Euclidean" not in own and "stiefel" not in own
+  assert other.startswith(f"included from {smoked}: ")
+  assert "Euclidean networks: adam lr 0.001;" in other and "oblique" not in other
+  assert "stiefel networks: radam lr 0.001, scales/biases/classifier adam lr 0.001" in other
   records = {k: json.loads((d / f"runs/q_star=0.5/weights={k}/seed=0/result.json").read_text())
-             for k, d in (("euclidean", euclid), ("stiefel", manifold))}
+             for k, d in (("euclidean", smoked), ("stiefel", smoked), ("oblique", oblique))}
   speed = next(n for n in results["notes"] if n.startswith("training loss at epochs 2, q*=0.5"))
   for kind, record in records.items():
     loss = critical_tanh.loss_at(record["train_curve"], record["final_step"])   # epoch 2
     assert f"{kind} {loss:.3g} (first below 1 / 0.5 at step" in speed
-  assert (manifold / "train_loss.png").stat().st_size > 1000
+  assert (oblique / "train_loss.png").stat().st_size > 1000
   # A network in both workdirs, or a workdir without a report: one line, exit 2.
-  for workdir, message in ((euclid, "network q_star=0.5/weights=euclidean/seed=0 is in"),
-                           (tmp_path / "none", "has no finished E5 report")):
-    proc = _cli.run("critical_tanh", *common, "--weight_kinds=euclidean",
-                    f"--workdir={euclid}", f"--include_workdirs={workdir}", check=False)
+  cases = ((smoked, "network q_star=0.5/weights=euclidean/seed=0 is in"),
+           (tmp_path / "none", "has no finished E5 report"))
+  procs = _cli.run_each("critical_tanh", [
+      (*common, "--weight_kinds=euclidean", f"--workdir={tmp_path / 'again'}",
+       f"--include_workdirs={workdir}") for workdir, _ in cases])
+  for proc, (_, message) in zip(procs, cases):
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr.strip().splitlines()[-1]
+  assert not (tmp_path / "again" / "runs").exists()
 
 
 # The old flagfiles' values (before the nested config), variant by variant.
@@ -233,7 +259,7 @@ def test_optimizer_checks_name_the_key():
                          critical_tanh.PER_RUN_KEYS, "E5")
 
 
-@pytest.mark.parametrize("flags, message", [
+BAD_FLAGS = [
     (["--weight_kinds=euclidean,sphere"], "--weight_kinds=euclidean,sphere: unknown 'sphere'"),
     (["--q_stars=0.5,-1"], "--q_stars=0.5,-1: -1 must be > 0"),
     # The manifold optimizer is the config's optimizer section now.
@@ -262,14 +288,39 @@ def test_optimizer_checks_name_the_key():
     (["--q_stars=8", "--rates_from=experiments/flags/critical_tanh_smoke.flags"],
      "--rates_from=experiments/flags/critical_tanh_smoke.flags: experiments/flags/"
      "critical_tanh_smoke.flags is not JSON"),
-])
-def test_bad_flags_fail_fast_with_one_line(tmp_path, flags, message):
-  proc = _cli.run("critical_tanh", SMOKE, f"--workdir={tmp_path}", *flags, check=False,
-                  timeout=120)
+]
+FULL_EUCLIDEAN = "--flagfile=experiments/flags/critical_tanh_full_euclidean.flags"
+
+
+@pytest.fixture(scope="module")
+def command_lines(tmp_path_factory):
+  """The module's command lines that stop before any training, each run once (forked
+  processes, :func:`_cli.run_each`), each bad one with its own workdir: a function from a
+  command line to its process (workdirs named ``WORKDIR``)."""
+  root = tmp_path_factory.mktemp("e5_command_lines")
+  commands = [(SMOKE, "--config_help"),
+              (SMOKE, "--config_help", "--config.optimizer.stiefel.name=adam"),
+              (FULL_EUCLIDEAN, "--workdir=WORKDIR",
+               "--config.optimizer.euclidean.learning_rate=3e-5"),
+              *((SMOKE, "--workdir=WORKDIR", *flags) for flags, _ in BAD_FLAGS)]
+  where = lambda i, c: tuple(a.replace("WORKDIR", str(root / str(i))) for a in c)
+  procs = _cli.run_each("critical_tanh", [where(i, c) for i, c in enumerate(commands)],
+                        timeout=900)
+  def lookup(*command):
+    i = commands.index(command)
+    return procs[i], root / str(i)
+  return lambda *command: (lookup(*command) if "--workdir=WORKDIR" in command
+                           else lookup(*command)[0])
+
+
+@COMMAND_LINES
+@pytest.mark.parametrize("flags, message", BAD_FLAGS)
+def test_bad_flags_fail_fast_with_one_line(command_lines, flags, message):
+  proc, workdir = command_lines(SMOKE, "--workdir=WORKDIR", *flags)
   assert proc.returncode == 2, proc.stderr
   lines = proc.stderr.strip().splitlines()
   assert lines[-1].startswith(f"error: {message}"), proc.stderr
-  assert not (tmp_path / "runs").exists()
+  assert not (workdir / "runs").exists()
 
 
 def test_curves_say_the_seeds_and_label_a_narrow_log_axis_plainly(tmp_path, monkeypatch):
@@ -356,12 +407,12 @@ def test_full_depth_flagfiles_train_every_network_at_its_probed_rates(kind):
       assert min(scores) < probe["best"] < max(scores), name
 
 
-def test_full_depth_flagfile_refuses_a_fixed_rate_on_top(tmp_path):
-  proc = _cli.run("critical_tanh", "--flagfile=experiments/flags/critical_tanh_full_euclidean.flags",
-                  f"--workdir={tmp_path}", "--config.optimizer.euclidean.learning_rate=3e-5",
-                  check=False, timeout=120)
+@COMMAND_LINES
+def test_full_depth_flagfile_refuses_a_fixed_rate_on_top(command_lines):
+  proc, workdir = command_lines(FULL_EUCLIDEAN, "--workdir=WORKDIR",
+                                "--config.optimizer.euclidean.learning_rate=3e-5")
   assert proc.returncode == 2, proc.stderr
   assert proc.stderr.strip().splitlines()[-1].startswith(
       "error: config.optimizer.euclidean.learning_rate: each network trains at its probed "
       "rates (--rates_from); leave it out"), proc.stderr
-  assert not (tmp_path / "runs").exists()
+  assert not (workdir / "runs").exists()

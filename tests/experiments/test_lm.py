@@ -114,12 +114,23 @@ def test_production_presets_set_model_context_and_batch():
 
 # --------------------------------------------------------------- Smoke, resume --
 
-def test_smoke_flagfile_probes_trains_and_reports_the_ratio(tmp_path, corpus_dir):
+# The smoke run, and the tests that reuse its runs: on one xdist worker.
+SMOKE_RUN = pytest.mark.xdist_group("e8_smoke_run")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory, corpus_dir):
+  """The smoke flagfile with two arms run to the end: (workdir, its arguments, the process)."""
+  workdir = tmp_path_factory.mktemp("e8_smoke") / "e8"
+  args = (SMOKE, *_data(corpus_dir), "--arms=adamw,stiefel_muon", f"--workdir={workdir}")
+  return workdir, args, _cli.run("lm", *args, timeout=900)
+
+
+@SMOKE_RUN
+def test_smoke_flagfile_probes_trains_and_reports_the_ratio(smoke):
   """The smoke flagfile with two arms (CI's time): AdamW and the Stiefel arm, whose AdamW
   group takes the AdamW arm's probed rate. The Muon arms' routing: the tests above."""
-  workdir = tmp_path / "e8"
-  args = (SMOKE, *_data(corpus_dir), "--arms=adamw,stiefel_muon", f"--workdir={workdir}")
-  proc = _cli.run("lm", *args, timeout=900)
+  workdir, args, proc = smoke
   results = json.loads((workdir / "results.json").read_text())
   ratio = [r for r in results["rows"] if r["metric"].startswith("tokens to AdamW")]
   assert [r["setting"]["arm"] for r in ratio] == ["stiefel_muon"]
@@ -145,52 +156,75 @@ def test_smoke_flagfile_probes_trains_and_reports_the_ratio(tmp_path, corpus_dir
   assert json.loads((workdir / "results.json").read_text())["rows"] == results["rows"]
 
 
-def _one_run(workdir, corpus_dir, *extra):
-  return [sys.executable, "-m", "experiments.lm", SMOKE, *_data(corpus_dir), "--arms=muon",
-          "--num_seeds=1", "--stages=train", "--verbose", "--config.checkpoint.every_steps=5",
+def _one_run(workdir, corpus_dir, smoke_workdir, *extra):
+  """The smoke run's first Stiefel network again (its probed rates), checkpointed."""
+  return [sys.executable, "-m", "experiments.lm", SMOKE, *_data(corpus_dir),
+          "--arms=stiefel_muon", f"--rates_from={smoke_workdir}", "--num_seeds=1",
+          "--stages=train", "--verbose", "--config.checkpoint.every_steps=5",
           f"--workdir={workdir}", *extra]
 
 
-def test_resume_after_kill_9_is_exact(tmp_path, corpus_dir):
-  _cli.run("lm", *_one_run(tmp_path / "straight", corpus_dir)[3:], timeout=300)
+@SMOKE_RUN
+def test_resume_after_kill_9_is_exact(tmp_path, corpus_dir, smoke):
+  """Killed (SIGKILL) after step 20 and resumed: the smoke run's network, uninterrupted."""
+  smoked = smoke[0]
   killed = tmp_path / "killed"
   env = {**compile_cache.env(os.environ),
          "XLA_FLAGS": compile_cache.xla_flags(1), "PYTHONPATH": _cli.REPO}
-  proc = subprocess.Popen(_one_run(killed, corpus_dir), env=env, cwd=_cli.REPO,
+  proc = subprocess.Popen(_one_run(killed, corpus_dir, smoked), env=env, cwd=_cli.REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   for line in proc.stdout:
     if line.startswith("[train] step ") and int(line.split()[2].split("/")[0]) >= 20:
       break
   proc.send_signal(signal.SIGKILL)
   proc.wait()
-  assert not (killed / "runs/arm=muon/seed=0/result.json").exists()
-  resumed = _cli.run("lm", *_one_run(killed, corpus_dir)[3:], timeout=300)
+  assert not (killed / "runs/arm=stiefel_muon/seed=0/result.json").exists()
+  resumed = _cli.run("lm", *_one_run(killed, corpus_dir, smoked)[3:], timeout=300)
   assert "Resumed" in resumed.stdout
-  straight = json.loads((tmp_path / "straight/runs/arm=muon/seed=0/result.json").read_text())
-  again = json.loads((killed / "runs/arm=muon/seed=0/result.json").read_text())
+  straight = json.loads((smoked / "runs/arm=stiefel_muon/seed=0/result.json").read_text())
+  again = json.loads((killed / "runs/arm=stiefel_muon/seed=0/result.json").read_text())
   assert again["eval_curve"] == straight["eval_curve"]
   assert again["test"]["loss"] == straight["test"]["loss"]
 
 
-@pytest.mark.parametrize("args,message", [
+BAD_INPUT = [
     (("--preset=gpt3",), "--preset=gpt3: choose one of gpt2_small, gpt_1p3b"),
     (("--config.data.context=100000",), "context=100000 is longer than"),
     (("--arms=adamw,lion",), "--arms=adamw,lion: unknown 'lion'"),
     (("--config.model.stiefel=all",), "config.model.stiefel"),
     (("--stages=probe", "--rates_from=/nonexistent"), "--rates_from=/nonexistent"),
-])
-def test_bad_input_is_one_line_before_any_work(tmp_path, corpus_dir, args, message):
-  proc = _cli.run("lm", SMOKE, *_data(corpus_dir), f"--workdir={tmp_path / 'w'}", *args,
-                  check=False, timeout=120)
+]
+UNKNOWN_TFDS = ("--config.data.name=tfds_text", "--config.data.tfds_name=no_such_text_set")
+# The command lines that stop before any work: one forked process each (_cli.run_each),
+# on one worker (their shared fixture).
+BAD_COMMAND_LINES = pytest.mark.xdist_group("e8_bad_command_lines")
+
+
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory, corpus_dir):
+  """Each bad command line's process and workdir: BAD_INPUT's on the prepared corpus, then
+  the unknown TFDS set."""
+  root = tmp_path_factory.mktemp("e8_bad_input")
+  commands = [(SMOKE, *_data(corpus_dir), f"--workdir={root / str(i) / 'w'}", *args)
+              for i, (args, _) in enumerate(BAD_INPUT)]
+  commands.append((SMOKE, *UNKNOWN_TFDS, f"--workdir={root / 'tfds' / 'w'}"))
+  procs = _cli.run_each("lm", commands, timeout=600)
+  workdirs = [root / str(i) / "w" for i in range(len(BAD_INPUT))] + [root / "tfds" / "w"]
+  return list(zip(procs, workdirs))
+
+
+@BAD_COMMAND_LINES
+@pytest.mark.parametrize("args,message", BAD_INPUT)
+def test_bad_input_is_one_line_before_any_work(bad_runs, args, message):
+  proc, workdir = bad_runs[BAD_INPUT.index((args, message))]
   assert proc.returncode != 0
   last = proc.stderr.strip().splitlines()[-1]
   assert message in last, proc.stderr[-2000:]
-  assert not (tmp_path / "w" / "runs").exists()
+  assert not (workdir / "runs").exists()
 
 
-def test_an_unknown_tfds_text_set_is_one_line(tmp_path):
-  proc = _cli.run("lm", SMOKE, "--config.data.name=tfds_text",
-                  "--config.data.tfds_name=no_such_text_set", f"--workdir={tmp_path / 'w'}",
-                  check=False, timeout=120)
+@BAD_COMMAND_LINES
+def test_an_unknown_tfds_text_set_is_one_line(bad_runs):
+  proc, _ = bad_runs[-1]
   assert proc.returncode != 0
   assert "no_such_text_set" in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import textwrap
@@ -145,9 +146,9 @@ def _final_params(workdir):
 
 
 def test_sigkill_and_resume_matches_uninterrupted_run(tmp_path):
-  straight = tmp_path / "straight"
-  subprocess.run(_cli(straight), env=_env(), cwd=_REPO, check=True, capture_output=True)
-
+  # The uninterrupted run in this process (the CLI's config, compiled alike: the same
+  # numbers); the interrupted one through the CLI, killed and resumed.
+  straight = _final_params(tmp_path / "straight")
   killed = tmp_path / "killed"
   rng = np.random.default_rng()
   # Killed at two random steps (checkpoints every 3 steps are written asynchronously,
@@ -164,7 +165,7 @@ def test_sigkill_and_resume_matches_uninterrupted_run(tmp_path):
   subprocess.run(_cli(killed), env=_env(), cwd=_REPO, check=True, capture_output=True)
 
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-               _final_params(killed), _final_params(straight))
+               _final_params(killed), straight)
 
 
 def test_two_processes_match_one(tmp_path):
@@ -174,11 +175,13 @@ def test_two_processes_match_one(tmp_path):
   run_together([_cli(tmp_path / "multi", *common, f"--coordinator_address=127.0.0.1:{port}",
                      "--num_processes=2", f"--process_id={i}") for i in range(2)],
                [_env(2)] * 2, _REPO, tmp_path, timeout=240)
-  subprocess.run(_cli(tmp_path / "single", *common), env=_env(4), cwd=_REPO, check=True,
-                 capture_output=True)
+  # One process of four devices: the CLI's config (_cli), trained here.
+  _, single = _run(_BASE.replace(seed=5, num_steps=6, log_every=1, mesh={"data": -1},
+                                 checkpoint={"every_steps": 0}),
+                   tmp_path, "single", devices=jax.devices()[:4])
   from orthojax.train.metrics import read_jsonl
   multi = _losses(read_jsonl(str(tmp_path / "multi" / "metrics.jsonl")))
-  single = _losses(read_jsonl(str(tmp_path / "single" / "metrics.jsonl")))
+  single = _losses(single)
   assert len(multi) == 6
   np.testing.assert_allclose(multi, single, rtol=1e-5, atol=1e-6)
 
@@ -391,14 +394,29 @@ def _flip_one_bit(path):
   path.write_bytes(bytes(data))
 
 
+_DAMAGED = _BASE.replace(num_steps=12, checkpoint={"every_steps": 4})
+
+
+@pytest.fixture(scope="module")
+def checkpointed_twice(tmp_path_factory):
+  """The uninterrupted run of :data:`_DAMAGED` (its final state) and a workdir of the same
+  run stopped after step 8 (steps 4 and 8 saved), which each test copies and damages."""
+  tmp = tmp_path_factory.mktemp("damaged")
+  straight, _ = _run(_DAMAGED, tmp, "straight")
+  _run(_DAMAGED.replace(num_steps=8), tmp, "run")
+  return straight.state, tmp / "run"
+
+
+@pytest.mark.xdist_group("trainer_damaged_checkpoint")   # one worker: one shared fixture
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "unverified"])
-def test_damaged_newest_checkpoint_falls_back_to_the_intact_one(tmp_path, damage):
+def test_damaged_newest_checkpoint_falls_back_to_the_intact_one(tmp_path, damage,
+                                                               checkpointed_twice):
   """A bit flipped in a data file, a truncated or deleted file, or a save that never
   got its checksums: the newest step is reported, set aside, and the run resumes
   from the newest intact one — ending exactly as the uninterrupted run."""
-  config = _BASE.replace(num_steps=12, checkpoint={"every_steps": 4})
-  straight, _ = _run(config, tmp_path, "straight")
-  _run(config.replace(num_steps=8), tmp_path, "run")          # steps 4 and 8 saved
+  config = _DAMAGED
+  straight, template = checkpointed_twice
+  shutil.copytree(template, tmp_path / "run")                 # steps 4 and 8 saved
   step_dir = tmp_path / "run" / "checkpoints" / "8"
   data = max((p for p in step_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
   if damage == "flip":
@@ -416,7 +434,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_intact_one(tmp_path, damage
   assert any("Resumed from" in line and "at step 4" in line for line in printed), printed
   assert (tmp_path / "run" / "checkpoints_unusable" / "8").exists()
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-               result.state.params, straight.state.params)
+               result.state.params, straight.params)
 
 
 def test_no_intact_checkpoint_is_one_line_and_moves_nothing(tmp_path):
