@@ -22,7 +22,7 @@ CONV = oj.linalg.MatrixView.conv(2)
 # devices and one whose layer count 8 does not divide.
 SHAPES = {"wide": (6, 20), "conv": (3, 3, 4, 8), "few": (3, 16, 12), "odd": (13, 12, 12)}
 VIEWS = {"few": STACKED, "odd": STACKED, "even": STACKED, "odd_bf16": STACKED}
-# For the dtype and mesh cases: a wide kernel and an odd stack (each compile is seconds).
+# For the mesh cases: a wide kernel and an odd stack (each compile is seconds).
 SMALL = {"wide": (6, 20), "odd": (13, 12, 12)}
 
 OPTIMIZERS = {
