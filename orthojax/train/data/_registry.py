@@ -13,6 +13,7 @@ import numpy as np
 
 from orthojax.train.data import _arrays
 from orthojax.train.data import _published
+from orthojax.train.data import text
 from orthojax.train.data._info import DatasetInfo
 
 _PKG = "orthojax.train.data"
@@ -23,11 +24,10 @@ _IMAGES = {"flatten": False, "download": True}
 _MNIST = {"view": "row", "source": "tfds", "permutation_seed": 0, "download": True}
 _UCI = {"csv_path": "", "split_index": 0, "test_fraction": 0.2, "validation_fraction": 0.2,
         "standardize_y": True, "download": True}
-_TEXT = {"context": 256, "level": "char", "validation_fraction": 0.05, "test_fraction": 0.05,
-         "eval_windows": 0, "eval_split": "validation"}
 
 # name -> (module in this package, options with their defaults). The one table
-# of options: validating them needs no import of a (TensorFlow-using) module.
+# of options: validating them needs no import of a (TensorFlow-using) module. The text
+# sets' come from their module (text.OPTIONS), which imports no TensorFlow at load.
 # What each option means is documented in the module.
 _TABLE: dict[str, tuple[str, dict[str, Any]]] = {
     "imagenet2012": ("imagenet", _IMAGENET),
@@ -43,10 +43,7 @@ _TABLE: dict[str, tuple[str, dict[str, Any]]] = {
     "fake": ("fake", {"height": 224, "width": 224, "channels": 3, "num_classes": 1000,
                       "num_train": 1_281_167, "num_eval": 50_000, "pool": 64}),
     "digits": ("digits", {"flatten": False}),
-    "shakespeare": ("text", {**_TEXT, "download": True}),
-    "tiny_shakespeare": ("text", {**_TEXT, "download": True}),
-    "tfds_text": ("text", {"tfds_name": "tiny_shakespeare", "text_key": "text", **_TEXT,
-                           "download": True}),
+    **{name: ("text", options) for name, options in text.OPTIONS.items()},
 }
 
 DATASETS: tuple[str, ...] = tuple(_TABLE)

