@@ -3,10 +3,11 @@ compilation cache for the programs a test session runs as subprocesses.
 
 The suite's programs are small and run a few steps, so compiling is most of its time:
 :data:`FAST_COMPILE` (``--xla_backend_optimization_level=0``, the LLVM backend's ``-O0``)
-halves it. XLA's HLO passes (fusion, layout, algebraic simplification) still run, and
-LLVM does not reorder float arithmetic at any level without fast-math (off in XLA:CPU),
-so the numbers the tests check are the ones a default build computes; only machine-code
-speed differs. ``tests/conftest.py`` adds it to the pytest processes' ``XLA_FLAGS``,
+halves it. XLA's HLO passes (fusion, layout, algebraic simplification) still run and
+fast-math stays off, so a program's numbers agree with the default build's to the last
+bit or two (an element-wise function's code may differ, e.g. in fused multiply-adds);
+a test that compares bit for bit compares two programs compiled alike (jitted with
+jitted), not a jitted program with eager operations. ``tests/conftest.py`` adds it to the pytest processes' ``XLA_FLAGS``,
 :func:`xla_flags` to their subprocesses'. The benchmarks and the experiments themselves
 run at XLA's default level.
 
