@@ -49,7 +49,7 @@ import optax
 from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import cayley_generator, polish, reorthonormalize_newton_schulz
-from orthojax.optim._checks import check_rate
+from orthojax.optim._checks import check_matrices, check_rate
 from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
@@ -72,6 +72,8 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
     raise ValueError(f"{who}: reorthonormalize_every must be None or >= 1")
 
   def init_fn(params):
+    check_matrices(who, params, views)
+
     def nu_leaf(w, view):
       return jnp.zeros(linalg.layout(w.shape, view).batch_shape, linalg.compute_dtype(w.dtype))
     return CayleyState(count=jnp.zeros([], jnp.int32),

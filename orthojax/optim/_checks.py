@@ -7,6 +7,8 @@ from typing import Any
 
 import jax
 
+from orthojax.linalg import leaf_names, views_for
+
 
 def check_rate(who: str, value: Any, name: str = "learning_rate", *,
                allow_zero: bool = False) -> None:
@@ -32,3 +34,18 @@ def check_rate(who: str, value: Any, name: str = "learning_rate", *,
     raise ValueError(f"{who}: {name}={value!r} must be a finite number {bound} (a negative "
                      f"{name.replace('_', ' ')} {why}); pass e.g. 1e-3, or an optax "
                      f"schedule")
+
+
+def check_matrices(who: str, params: Any, views: Any) -> None:
+  """Raise ValueError, naming the leaves, if a view says a leaf of ``params`` is not a
+  matrix (``False``: GmP's angles, biases, norm gains and scales as the ``oj.nn`` layers
+  record them). Called by the links that keep a state per matrix (momentum, Adam's
+  moments, Cayley's): such a leaf belongs to a Euclidean optimizer, where
+  :func:`orthojax.optim.partition` routes it. The stateless links (projection,
+  retraction) pass it through unchanged, so ``rsgd`` without momentum gives it an SGD step.
+  """
+  bad = [name for name, view in zip(leaf_names(params), views_for(params, views))
+         if view is False]
+  if bad:
+    raise ValueError(f"{who}: leaves {bad} are not matrices; route them to a Euclidean "
+                     "optimizer with orthojax.optim.partition")

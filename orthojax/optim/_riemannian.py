@@ -32,6 +32,7 @@ import optax
 from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import Manifold, Stiefel
+from orthojax.optim._checks import check_matrices
 from orthojax.optim._recorded import reads_recorded_views
 from orthojax.optim._scope import scoped
 
@@ -117,6 +118,7 @@ def riemannian_momentum(manifold: Manifold, momentum: float = 0.9, nesterov: boo
     raise ValueError(f"riemannian_momentum: momentum must be in [0, 1), got {momentum}")
 
   def init_fn(params):
+    check_matrices("riemannian_momentum", params, views)
     return RiemannianMomentumState(
         trace=optax.tree.zeros_like(params, dtype=accumulator_dtype))
 
@@ -208,6 +210,7 @@ def scale_by_riemannian_adam(
                      f"choose one of {_SECOND_MOMENTS}")
 
   def init_fn(params):
+    check_matrices("scale_by_riemannian_adam", params, views)
     mu = optax.tree.zeros_like(params, dtype=mu_dtype)
 
     def nu_leaf(w, view):

@@ -124,6 +124,23 @@ def test_a_stiefel_optimizer_passes_parameters_that_are_not_matrices_through(nam
                                atol=1e-6, err_msg=key)
 
 
+@pytest.mark.parametrize("make, who", [
+    (lambda: oj.optim.radam(0.1), "scale_by_riemannian_adam"),
+    (lambda: oj.optim.radam(0.1, oj.manifolds.Oblique()), "scale_by_riemannian_adam"),
+    (lambda: oj.optim.rsgd(0.1, momentum=0.9), "riemannian_momentum"),
+    (lambda: oj.optim.cayley_sgd(0.1), "cayley_sgd"),
+    (lambda: oj.optim.cayley_adam(0.1), "cayley_adam"),
+])
+def test_a_stiefel_optimizer_with_a_state_per_matrix_refuses_what_is_not_a_matrix(make, who):
+  """A moment or a Cayley state is per matrix: a leaf whose Variable says
+  ``matrix_view=False`` is refused in one line at ``init``, naming it (it used to index
+  into the leaf: an IndexError on a scalar scale, a slice of a bias vector)."""
+  model = nnx.clone(_model("DeepMLP stiefel"))
+  with pytest.raises(ValueError, match=rf"^{who}: leaves .*\['scales'\].* are not matrices; "
+                     "route them to a Euclidean optimizer with orthojax.optim.partition$"):
+    nnx.Optimizer(model, make(), wrt=nnx.Param)
+
+
 @pytest.mark.parametrize("name", ["DeepMLP stiefel", "DeepMLP oblique", "TransformerLM stiefel"])
 def test_the_readme_partition_needs_no_views(name):
   """``partition(model, stiefel=radam(...), ...)`` as the README writes it, but without
