@@ -15,19 +15,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 _SERVERS: dict[int, subprocess.Popen] = {}   # by device count: tests/experiments/_forkserver.py
 
 
-def _env(devices: int, shared_cache: bool) -> dict[str, str]:
+def _env(devices: int, shared_cache: bool, run_bound: bool = False) -> dict[str, str]:
   env = compile_cache.env(os.environ) if shared_cache else dict(os.environ)
-  env["XLA_FLAGS"] = compile_cache.xla_flags(devices)
+  env["XLA_FLAGS"] = compile_cache.xla_flags(devices, run_bound)
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   return env
 
 
 def run(module: str, *args: str, devices: int = 1, timeout: int = 600,
-        check: bool = True, shared_cache: bool = True,
+        check: bool = True, shared_cache: bool = True, run_bound: bool = False,
         **popen) -> subprocess.CompletedProcess:
   """``popen``: more ``subprocess.run`` keywords (e.g. ``preexec_fn``). ``shared_cache``:
-  reuse the session's compiled programs (tests/compile_cache.py); False compiles them all."""
-  env = _env(devices, shared_cache)
+  reuse the session's compiled programs (tests/compile_cache.py); False compiles them all.
+  ``run_bound``: compile for a program whose steps take longer than compiling it
+  (:data:`tests.compile_cache.RUN_BOUND`)."""
+  env = _env(devices, shared_cache, run_bound)
   proc = subprocess.run([sys.executable, "-m", f"experiments.{module}", *args], env=env,
                         cwd=REPO, capture_output=True, text=True, timeout=timeout, **popen)
   if check and proc.returncode != 0:

@@ -89,7 +89,7 @@ def test_smoke_flagfile_is_the_recipe_scaled_down():
 
 def _popen(*args: str) -> subprocess.Popen:
   env = compile_cache.env(os.environ)
-  env["XLA_FLAGS"] = compile_cache.xla_flags(1)
+  env["XLA_FLAGS"] = compile_cache.xla_flags(1, run_bound=True)
   env["PYTHONPATH"] = _cli.REPO + os.pathsep + env.get("PYTHONPATH", "")
   return subprocess.Popen([sys.executable, "-m", "experiments.resnet50", *args], env=env,
                           cwd=_cli.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -152,7 +152,7 @@ def test_smoke_checkpoints_is_preempted_resumes_and_reports(tmp_path):
   assert not (run_dir / "result.json").exists()
 
   # 2. The same command resumes from that checkpoint and finishes with an evaluation.
-  again = _cli.run("resnet50", SMOKE, f"--workdir={workdir}", timeout=300)
+  again = _cli.run("resnet50", SMOKE, f"--workdir={workdir}", timeout=300, run_bound=True)
   assert f"Resumed from {run_dir / 'checkpoints'} at step {saved}" in again.stdout
   record = json.loads((run_dir / "result.json").read_text())
   assert record["final_step"] == 16
@@ -225,10 +225,10 @@ def test_experiments_train_and_resnet50_share_one_workdir_layout(tmp_path):
   ``experiments.resnet50``, which then writes its report beside it."""
   workdir = tmp_path / "e1"
   half = _cli.run("train", SMOKE, f"--workdir={workdir}", "--config.num_steps=8",
-                  timeout=300)
+                  timeout=300, run_bound=True)
   assert "final step 8" in half.stdout
   assert (workdir / "checkpoints").is_dir() and (workdir / "config.json").exists()
-  rest = _cli.run("resnet50", SMOKE, f"--workdir={workdir}", timeout=300)
+  rest = _cli.run("resnet50", SMOKE, f"--workdir={workdir}", timeout=300, run_bound=True)
   assert "Resumed from" in rest.stdout + rest.stderr or "at step 8" in rest.stdout
   record = json.loads((workdir / "result.json").read_text())
   assert record["final_step"] == 16
