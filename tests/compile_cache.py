@@ -44,6 +44,8 @@ FAST_COMPILE = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitter
 # E1 smoke run takes 33 s at -O1, 78 s at -O0 (its step 0.45 s against 2.8 s) and 36 s at
 # XLA's defaults; the smaller experiments' smoke runs are faster at -O0.
 RUN_BOUND = FAST_COMPILE.replace("optimization_level=0", "optimization_level=1")
+# The same for one program in a pytest process: ``jax.jit(f, compiler_options=RUN_BOUND_JIT)``.
+RUN_BOUND_JIT = {"xla_backend_optimization_level": 1}
 
 
 def xla_flags(devices: int, run_bound: bool = False) -> str:
