@@ -138,8 +138,7 @@ def test_smoke_flagfile_runs_and_reports(tmp_path):
     (["--config.model.width=0"], "config.model.width: the deep linear network's hidden width"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flags, message):
-  proc = _cli.run("deep_linear", SMOKE, f"--workdir={tmp_path}", *flags, check=False,
-                  timeout=120)
+  proc = _cli.forked("deep_linear", SMOKE, f"--workdir={tmp_path}", *flags)
   assert proc.returncode == 2
   lines = proc.stderr.strip().splitlines()
   assert lines[-1].startswith(f"error: {message}"), proc.stderr

@@ -164,7 +164,7 @@ def test_smoke_flagfile_tracks_every_step_and_reports_beside_the_paper(tmp_path)
     ("--levy_batch_size=500", "--levy_batch_size=500: larger than the 50 training examples"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
-  proc = _cli.run("gmp_toys", SMOKE, f"--workdir={tmp_path}", flag, check=False, timeout=120)
+  proc = _cli.forked("gmp_toys", SMOKE, f"--workdir={tmp_path}", flag)
   assert proc.returncode == 2, proc.stderr[-2000:]
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith(f"error: {message}"), last

@@ -211,7 +211,7 @@ def test_missing_imagenet_stops_with_the_manual_download_steps(tmp_path):
                                                       "'ResNet'"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
-  proc = _cli.run("resnet50", SMOKE, f"--workdir={tmp_path}", flag, check=False, timeout=120)
+  proc = _cli.forked("resnet50", SMOKE, f"--workdir={tmp_path}", flag)
   assert proc.returncode == 2, proc.stderr[-2000:]
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith(f"error: {message}"), last

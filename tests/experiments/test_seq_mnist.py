@@ -194,7 +194,7 @@ def test_smoke_flagfile_runs_and_reports(tmp_path):
     ("--config.data.view=image", "config.model.name='SequenceRNN' needs sequence inputs"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
-  proc = _cli.run("seq_mnist", SMOKE, f"--workdir={tmp_path}", flag, check=False, timeout=120)
+  proc = _cli.forked("seq_mnist", SMOKE, f"--workdir={tmp_path}", flag)
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {message}"), proc.stderr
   assert not (tmp_path / "runs").exists()

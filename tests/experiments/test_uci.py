@@ -115,8 +115,8 @@ def test_reruns_are_bit_identical_whatever_the_threads(tmp_path):
     ("--gmp_lr=-1", "--gmp_lr=-1.0: must be > 0"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
-  proc = _cli.run("uci", "--flagfile=experiments/flags/uci_smoke.flags",
-                  f"--workdir={tmp_path}", flag, check=False, timeout=120)
+  proc = _cli.forked("uci", "--flagfile=experiments/flags/uci_smoke.flags",
+                  f"--workdir={tmp_path}", flag)
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {message}")
   assert not (tmp_path / "runs").exists()

@@ -127,8 +127,7 @@ def test_missing_imagenet32_stops_with_the_data_modules_message(tmp_path):
      "config.model.name='ResNet': E2 needs 'VGG6'"),
 ])
 def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
-  proc = _cli.run("vgg6_imagenet32", SMOKE, f"--workdir={tmp_path}", flag, check=False,
-                  timeout=120)
+  proc = _cli.forked("vgg6_imagenet32", SMOKE, f"--workdir={tmp_path}", flag)
   assert proc.returncode == 2, proc.stderr[-2000:]
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith(f"error: {message}"), last
