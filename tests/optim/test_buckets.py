@@ -169,3 +169,27 @@ def test_padded_buckets_stack_matrices_that_share_their_small_side():
   oj.linalg.map_views(lambda w, s, view: (orthogonalize(w, view), s), params, per_matrix,
                       views=views, bucket="pad")
   assert sorted(seen) == sorted([(3, 3, 3, 8), (3, 3, 8, 8), (1, 1, 8, 16), (2, 40, 8)])
+
+
+def test_large_matrices_are_padded_within_their_octave_only(monkeypatch):
+  """Matrices of ``PAD_FREELY_BELOW`` elements or more (here: all) join a padded bucket
+  only with long sides in their octave: a 27 × 8 stem, a 32 × 8 kernel and a wide
+  8 × 24 projection (17–32 rows) are one call padded to 32 rows; the two 40 × 8 matrices
+  of a stack (the next octave) are a bucket of their own. Each result equals its own."""
+  monkeypatch.setattr(oj.linalg._tree, "PAD_FREELY_BELOW", 1)   # pylint: disable=protected-access
+  params = {"stem": jax.random.normal(jax.random.PRNGKey(0), (3, 3, 3, 8)),
+            "a": jax.random.normal(jax.random.PRNGKey(1), (1, 1, 32, 8)),
+            "proj": jax.random.normal(jax.random.PRNGKey(2), (1, 1, 8, 24)),
+            "stack": jax.random.normal(jax.random.PRNGKey(3), (2, 40, 8))}
+  views = {"stack": STACK}
+  seen = []
+
+  def orthogonalize(w, view):
+    seen.append(w.shape)
+    lo = oj.linalg.layout(w.shape, view)
+    return lo.from_tall(oj.linalg.newton_schulz(lo.to_tall(w), coeffs="cubic", steps=30))
+
+  padded = oj.linalg.map_views(orthogonalize, params, views=views, bucket="pad")
+  assert sorted(seen) == [(2, 40, 8), (3, 32, 8)]   # 1 + 1 + 1 matrices padded to 32 rows
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6),
+               padded, {k: orthogonalize(v, views.get(k)) for k, v in params.items()})
