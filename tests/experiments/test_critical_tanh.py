@@ -27,7 +27,10 @@ SMOKE_NETWORKS = pytest.mark.xdist_group("e5_smoke_networks")
 COMMAND_LINES = pytest.mark.xdist_group("e5_command_lines")
 
 
-@pytest.fixture(scope="module")
+# Session-scoped fixtures: each is built once, on the xdist worker that runs its group.
+# A module-scoped fixture is torn down and rebuilt whenever that worker's queue puts
+# another module's test between the group's tests.
+@pytest.fixture(scope="session")
 def smoke(tmp_path_factory):
   """The smoke flagfile run to the end in a fresh workdir: (workdir, the process). Its
   networks and records are reused by the tests after the smoke test (in its group)."""
@@ -292,7 +295,7 @@ BAD_FLAGS = [
 FULL_EUCLIDEAN = "--flagfile=experiments/flags/critical_tanh_full_euclidean.flags"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def command_lines(tmp_path_factory):
   """The module's command lines that stop before any training, each run once (forked
   processes, :func:`_cli.run_each`), each bad one with its own workdir: a function from a

@@ -31,7 +31,10 @@ from tests.train.data import test_text
 SMOKE = "--flagfile=experiments/flags/lm_smoke.flags"
 
 
-@pytest.fixture(scope="module")
+# Session-scoped fixtures: each is built once, on the xdist worker that runs its group.
+# A module-scoped fixture is torn down and rebuilt whenever that worker's queue puts
+# another module's test between the group's tests.
+@pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory) -> str:
   """A data dir holding a small Gutenberg-like corpus, prepared as the real one is."""
   root = tmp_path_factory.mktemp("lm_data")
@@ -118,7 +121,7 @@ def test_production_presets_set_model_context_and_batch():
 SMOKE_RUN = pytest.mark.xdist_group("e8_smoke_run")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def smoke(tmp_path_factory, corpus_dir):
   """The smoke flagfile with two arms run to the end: (workdir, its arguments, the process)."""
   workdir = tmp_path_factory.mktemp("e8_smoke") / "e8"
@@ -200,7 +203,7 @@ UNKNOWN_TFDS = ("--config.data.name=tfds_text", "--config.data.tfds_name=no_such
 BAD_COMMAND_LINES = pytest.mark.xdist_group("e8_bad_command_lines")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def bad_runs(tmp_path_factory, corpus_dir):
   """Each bad command line's process and workdir: BAD_INPUT's on the prepared corpus, then
   the unknown TFDS set."""

@@ -50,7 +50,10 @@ def _close(a, b):
                                                        rtol=2e-5, atol=2e-6), a, b)
 
 
-@pytest.fixture(scope="module")
+# Session-scoped fixtures: each is built once, on the xdist worker that runs its group.
+# A module-scoped fixture is torn down and rebuilt whenever that worker's queue puts
+# another module's test between the group's tests.
+@pytest.fixture(scope="session")
 def replicated(tmp_path_factory):
   """The reference: 8 steps on this process's 8 devices with the replicated update."""
   if jax.device_count() < 8:
