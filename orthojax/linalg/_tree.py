@@ -238,10 +238,10 @@ def map_views(fn: Callable[..., Any], params: Any, *trees: Any, views: Any = Non
   selected leaf as its tall matrices ``(n, p)`` (:meth:`Layout.to_tall`, batch axes
   flattened), zero rows appended up to the bucket's longest ``n`` — so a bucket is a
   small side ``p`` and a dtype (Dion's "megabatching"): ResNet-50's 53 kernels in
-  their 20 shapes have 5 small sides. A matrix of ``PAD_FREELY_BELOW`` (2^22) elements or
-  more is padded only within its octave of long sides (``2^(k-1) < n <= 2^k``): for
-  it FLOPs, not launches, are the cost.
-  ``fn`` then sees ``(B, n_max, p)`` and must map zero rows to zero rows and not depend on how many there are: true of Muon's
+  their 20 shapes have 5 small sides. A matrix of ``PAD_FREELY_BELOW`` (2^22) elements
+  or more is padded only within its octave of long sides (``2^(k-1) < n <= 2^k``): for
+  it FLOPs, not launches, are the cost. ``fn`` then sees ``(B, n_max, p)`` and must map
+  zero rows to zero rows and not depend on how many there are: true of Muon's
   Newton–Schulz (``X Xᵀ`` ignores them), a Stiefel projection and its retractions
   (QR, CholeskyQR, Cayley, polar), elementwise moments; not of a per-matrix mean
   (a matrix second moment) or a row normalisation (the oblique manifold). Leaves whose
