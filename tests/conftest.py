@@ -61,3 +61,18 @@ def pytest_unconfigure(config):
   if path:
     shutil.rmtree(path, ignore_errors=True)
     os.environ.pop(compile_cache.VAR, None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+  """``--dist loadgroup`` under pytest >= 9.2: pytest-xdist (3.8) marks a test's group by
+  assigning ``item._nodeid`` (``…@group``), but pytest now reads a node's id from
+  ``item._id``, so the mark was lost and every group split over the workers. Carry
+  xdist's id over (a worker's hook; the controller schedules by the ids it reports)."""
+  if not getattr(config.option, "loadgroup", False):   # set in xdist's workers only
+    return
+  from _pytest.nodeid import NodeId  # pylint: disable=import-outside-toplevel
+  for item in items:
+    marked = item.__dict__.get("_nodeid")
+    if marked and "@" in marked and str(item.nodeid) != marked:
+      item._id = NodeId.parse(marked)  # pylint: disable=protected-access
