@@ -139,6 +139,15 @@ def test_the_wrappers_fix_bucketing_for_one_transformation():
   assert oj.optim.keeps_manifold(oj.optim.per_leaf(make()))
 
 
+def _recording_newton_schulz(seen):
+  """Newton–Schulz on each call's tall matrices, recording the shape it is called on."""
+  def orthogonalize(w, view):
+    seen.append(w.shape)
+    lo = oj.linalg.layout(w.shape, view)
+    return lo.from_tall(oj.linalg.newton_schulz(lo.to_tall(w), coeffs="cubic", steps=30))
+  return orthogonalize
+
+
 def test_padded_buckets_stack_matrices_that_share_their_small_side():
   """``bucket="pad"``: a 27 × 8 stem, a 72 × 8 kernel and a wide 8 × 16 projection are
   one call on their tall matrices padded to 72 rows; Newton–Schulz ignores zero rows, so
@@ -149,11 +158,7 @@ def test_padded_buckets_stack_matrices_that_share_their_small_side():
             "stack": jax.random.normal(jax.random.PRNGKey(3), (2, 40, 8))}
   views = {"stack": STACK}
   seen = []
-
-  def orthogonalize(w, view):
-    seen.append(w.shape)
-    lo = oj.linalg.layout(w.shape, view)
-    return lo.from_tall(oj.linalg.newton_schulz(lo.to_tall(w), coeffs="cubic", steps=30))
+  orthogonalize = _recording_newton_schulz(seen)
 
   padded = oj.linalg.map_views(orthogonalize, params, views=views, bucket="pad")
   assert seen == [(5, 72, 8)]   # 1 + 1 + 1 + 2 matrices of 8 columns, 72 rows
@@ -183,11 +188,7 @@ def test_large_matrices_are_padded_within_their_octave_only(monkeypatch):
             "stack": jax.random.normal(jax.random.PRNGKey(3), (2, 40, 8))}
   views = {"stack": STACK}
   seen = []
-
-  def orthogonalize(w, view):
-    seen.append(w.shape)
-    lo = oj.linalg.layout(w.shape, view)
-    return lo.from_tall(oj.linalg.newton_schulz(lo.to_tall(w), coeffs="cubic", steps=30))
+  orthogonalize = _recording_newton_schulz(seen)
 
   padded = oj.linalg.map_views(orthogonalize, params, views=views, bucket="pad")
   assert sorted(seen) == [(2, 40, 8), (3, 32, 8)]   # 1 + 1 + 1 matrices padded to 32 rows
