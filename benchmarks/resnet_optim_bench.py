@@ -14,8 +14,11 @@ other parameter):
 * ``muon``: conv kernels to ``oj.optim.muon`` (optax's Muon with dimension
   numbers from the matrix views), the rest SGD momentum.
 
-The steps are timed interleaved call by call
-(:func:`benchmarks._harness.time_fns`), so each ratio sees one machine load.
+Each step is compiled first (``jax.jit(step).lower(...).compile()``: tracing, lowering
+and XLA's compile, reported per optimizer and printed as it finishes, so that a run cut
+short by a time limit still says which compile was slow); the compiled steps are then
+timed interleaved call by call (:func:`benchmarks._harness.time_fns`), so each ratio
+sees one machine load.
 The manifold optimizers stack same-shape kernels into one batched update
 (:func:`orthojax.linalg.map_views`' buckets: 20 shapes among ResNet-50's 53
 kernels); on the CPU the suite also times ``oj.optim.per_leaf(radam)``, one chain
@@ -28,6 +31,8 @@ per-kernel matrix work competes with convolutions on the same two cores.
 """
 
 from __future__ import annotations
+
+import time
 
 import jax
 import optax
@@ -56,9 +61,9 @@ def optimizers(lr: float = 0.1) -> dict[str, optax.GradientTransformation]:
   cayley = oj.manifolds.Stiefel("cayley", cayley_iterations=2)
   return {
       "sgd": sgd(),
+      "muon": oj.optim.partition(conv_labels, sgd=sgd(), conv=oj.optim.muon(0.02)),
       "radam": oj.optim.partition(conv_labels, sgd=sgd(),
                                   conv=oj.optim.radam(1e-3, cayley, reorthonormalize_every=100)),
-      "muon": oj.optim.partition(conv_labels, sgd=sgd(), conv=oj.optim.muon(0.02)),
   }
 
 
@@ -87,15 +92,20 @@ def run(quick: bool = False) -> list[Row]:
   params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
   x = jax.random.normal(jax.random.key(0), (batch, size, size, 3))
   y = jax.random.randint(jax.random.key(1), (batch,), 0, 1000)
-  fns, states = {}, []
   txs = optimizers()
   if not gpu:   # per leaf: minutes of compile on a GPU (183 s on an H200 at batch 256)
     txs["radam_per_leaf"] = oj.optim.per_leaf(txs["radam"])
-  for i, (name, tx) in enumerate(txs.items()):
-    step = _train_step(graphdef, tx)
-    fns[name] = (lambda step, i: lambda p, r, *a: step(p, r, a[i], a[-2], a[-1]))(step, i)
-    states.append(tx.init(params))
-  t = time_fns(fns, params, rest, *states, x, y, **reps)
+  compiled, compile_s = {}, {}
+  for name, tx in txs.items():
+    start = time.perf_counter()
+    compiled[name] = jax.jit(_train_step(graphdef, tx)).lower(
+        params, rest, tx.init(params), x, y).compile()
+    compile_s[name] = time.perf_counter() - start
+    print(f"# {SUITE}: {name} step compiled in {compile_s[name]:.1f} s", flush=True)
+  states = [tx.init(params) for tx in txs.values()]
+  fns = {name: (lambda f, i: lambda p, r, *a: f(p, r, a[i], a[-2], a[-1]))(f, i)
+         for i, (name, f) in enumerate(compiled.items())}
+  t = time_fns(fns, params, rest, *states, x, y, jit=False, **reps)
   n_conv = sum(p.ndim == 4 for p in jax.tree.leaves(params))
   config = f"ResNet-{depth}, batch {batch}, {size}x{size}"
   rows = [row(SUITE, f"sgd train step, {config}", 1e3 * t["sgd"], "ms",
@@ -105,6 +115,10 @@ def run(quick: bool = False) -> list[Row]:
   for name in ("radam", "muon"):
     rows.append(row(SUITE, f"{name} / sgd train step, {config}", ratio(t[name], t["sgd"]), "x",
                     TARGETS[name], f"{1e3 * t[name]:.0f} ms; {notes[name]}"))
+  rows += [row(SUITE, f"{name} / sgd compile time, {config}",
+                ratio(compile_s[name], compile_s["sgd"]), "x",
+                note=f"{compile_s[name]:.1f} s vs {compile_s['sgd']:.1f} s (lower + compile)")
+           for name in txs if name != "sgd"]
   if "radam_per_leaf" in t:
     rows.append(row(SUITE, f"radam bucketed / per leaf train step, {config}",
                     ratio(t["radam"], t["radam_per_leaf"]), "x",
