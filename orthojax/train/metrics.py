@@ -11,8 +11,8 @@ a finished run, rerun), and the open logging interval's partial sums travel
 in the checkpoint (:meth:`IntervalMean.state_dict`), so the first mean after a
 resume covers the whole interval. A fresh run starts an empty log. TensorBoard
 event files are appended as they are (TensorBoard shows the latest value per
-step). TensorBoard files are written
-with ``tf.summary``. Paths go through ``etils.epath``, so the workdir may be
+step). TensorBoard files are written by :mod:`orthojax.train.events`, without
+TensorFlow. Paths go through ``etils.epath``, so the workdir may be
 local or on a cloud bucket (``gs://…``) like the checkpoints.
 """
 
@@ -151,22 +151,19 @@ class MetricsWriter:
   def jsonl_path(self) -> str | None:
     return None if self.workdir is None else os.path.join(self.workdir, "metrics.jsonl")
 
-  def _tensorflow(self):
-    """TensorFlow for ``tf.summary``, or None (said once) where it does not import:
-    an accelerator image without it still trains, logging to ``metrics.jsonl``."""
-    try:
-      from orthojax.train.data._tf import tf  # pylint: disable=g-import-not-at-top  (GPUs hidden)
-    except ImportError as e:
-      self.print_fn(f"TensorBoard events off: TensorFlow does not import ({e}); "
-                    f"metrics.jsonl has every scalar")
-      self._tensorboard = False
-      return None
-    return tf
-
-  def _summary_writer(self, split: str):
+  def _events(self, split: str) -> Any:
+    """The split's TensorBoard event file (:class:`orthojax.train.events.EventFile`), or
+    None (said once) where the ``tensorboard`` package does not import: the run still
+    logs every scalar to ``metrics.jsonl``."""
     if split not in self._tb:
-      from orthojax.train.data._tf import tf  # pylint: disable=g-import-not-at-top  (GPUs hidden)
-      self._tb[split] = tf.summary.create_file_writer(os.path.join(self.workdir, "tb", split))
+      try:
+        from orthojax.train import events  # pylint: disable=g-import-not-at-top
+      except ImportError as e:
+        self.print_fn(f"TensorBoard events off: tensorboard does not import ({e}); "
+                      f"metrics.jsonl has every scalar")
+        self._tensorboard = False
+        return None
+      self._tb[split] = events.EventFile(os.path.join(self.workdir, "tb", split))
     return self._tb[split]
 
   def write(self, step: int, scalars: Mapping[str, Any], split: str = "train",
@@ -197,10 +194,8 @@ class MetricsWriter:
       self._keys.add(key)
       self._jsonl.write(json.dumps({"step": int(step), "split": split, **values}) + "\n")
       self._jsonl.flush()
-    if self._tensorboard and (tf := self._tensorflow()) is not None:
-      with self._summary_writer(split).as_default():
-        for name, value in values.items():
-          tf.summary.scalar(name, value, step=int(step))
+    if self._tensorboard and (events := self._events(split)) is not None:
+      events.scalars(step, values)
     if console:
       self.print_fn(self._line(step, split, values))
     return values
