@@ -3,7 +3,7 @@
 Run as a script by :func:`tests.experiments._cli.forked` (never imported by a test). It
 imports what every experiment imports (``experiments._harness``: JAX, Flax, Optax, the
 library), then answers requests on stdin, one JSON line each (``{"args": [module, …],
-"timeout": s}``): it forks, and the child does what ``python -m`` does from there — runs
+"timeout": s, "env": {…}}``): it forks, and the child does what ``python -m`` does from there — runs
 the module fresh as ``__main__`` with that ``sys.argv`` (its flags defined anew, its
 stdout and stderr in files of its own) and exits as that process would (atexit
 handlers included). The reply, one JSON line on stdout: the exit status, stdout and
@@ -50,8 +50,12 @@ def _read(fd: int) -> str:
   return b"".join(chunks).decode(errors="replace")
 
 
-def _child(module: str, args: list[str]) -> None:
-  """Become ``python -m <module> <args>``; never returns (the interpreter exits)."""
+def _child(module: str, args: list[str], env: dict[str, str] | None) -> None:
+  """Become ``python -m <module> <args>`` in ``env`` (None: the server's); never returns
+  (the interpreter exits)."""
+  if env is not None:   # read after the imports: XLA_FLAGS when the backend starts, …
+    os.environ.clear()
+    os.environ.update(env)
   null = os.open(os.devnull, os.O_RDONLY)
   os.dup2(null, 0)
   os.close(null)
@@ -92,7 +96,7 @@ def main() -> None:
     out, err = _capture()
     pid = os.fork()
     if pid == 0:
-      _child(request["args"][0], request["args"][1:])
+      _child(request["args"][0], request["args"][1:], request.get("env"))
     returncode = _wait(pid, request["timeout"])
     answers.write(json.dumps({"returncode": returncode, "stdout": imported[0] + _read(out),
                               "stderr": imported[1] + _read(err)}) + "\n")

@@ -116,17 +116,26 @@ def _checkpoints(run_dir) -> list[int]:
   return sorted(int(p) for p in os.listdir(path) if p.isdigit()) if path.exists() else []
 
 
-# The two smoke trainings on one xdist worker, one after the other: the second reuses the
-# first's compiled ResNet-18 (tests/compile_cache.py).
-SMOKE_TRAINING = pytest.mark.xdist_group("e1_smoke_training")
+def test_smoke_run_across_entry_points_is_preempted_resumes_and_reports(tmp_path):
+  """One smoke run, started by ``experiments.train`` and finished by
+  ``experiments.resnet50`` on the same workdir (the same flagfile trains in the same
+  place under either entry point), with a preemption in between:
 
-
-@SMOKE_TRAINING
-def test_smoke_checkpoints_is_preempted_resumes_and_reports(tmp_path):
+  1. ``experiments.train`` trains it to step 8: checkpoints and ``config.json`` in the
+     workdir itself (E1 is a single run).
+  2. ``experiments.resnet50`` resumes it and is sent SIGTERM, as a preemption would,
+     once a checkpoint (every 2 steps) and a few more steps are past step 8: it saves a
+     checkpoint and exits 75.
+  3. The same command resumes from that checkpoint, finishes at step 16 with an
+     evaluation every epoch, and writes the report beside the run.
+  """
   workdir = tmp_path / "e1"
   run_dir = workdir   # E1 is a single run: it trains in the workdir itself
-  # 1. Start, wait for a checkpoint (every 2 steps) and a few more steps, then SIGTERM
-  #    as a preemption would.
+  half = _cli.run("train", SMOKE, f"--workdir={workdir}", "--config.num_steps=8",
+                  timeout=300, run_bound=True)
+  assert "final step 8" in half.stdout
+  assert _checkpoints(run_dir)[-1] == 8 and (workdir / "config.json").exists()
+
   proc = _popen(SMOKE, f"--workdir={workdir}")
   deadline = time.monotonic() + 240
   try:
@@ -135,8 +144,8 @@ def test_smoke_checkpoints_is_preempted_resumes_and_reports(tmp_path):
         out, err = proc.communicate()
         pytest.fail(f"run ended before it could be preempted:\n{out[-2000:]}\n{err[-2000:]}")
       if time.monotonic() > deadline:
-        pytest.fail("no checkpoint after 240 s")
-      if _checkpoints(run_dir) and max(_train_steps(run_dir / "metrics.jsonl") or [0]) >= 5:
+        pytest.fail("no checkpoint past step 8 after 240 s")
+      if _checkpoints(run_dir)[-1] > 8 and max(_train_steps(run_dir / "metrics.jsonl")) >= 10:
         break
       time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
@@ -144,14 +153,14 @@ def test_smoke_checkpoints_is_preempted_resumes_and_reports(tmp_path):
   finally:
     if proc.poll() is None:
       proc.kill()
+  assert f"Resumed from {run_dir / 'checkpoints'} at step 8" in out
   assert proc.returncode == 75   # EX_TEMPFAIL: preempted, checkpoint saved (requeue me)
   saved = int(re.search(r"Preempted: saved step (\d+)", out).group(1))
-  assert 5 <= saved < 16
+  assert 10 <= saved < 16
   assert "rerun the same command to resume" in err
   assert saved in _checkpoints(run_dir)
   assert not (run_dir / "result.json").exists()
 
-  # 2. The same command resumes from that checkpoint and finishes with an evaluation.
   again = _cli.run("resnet50", SMOKE, f"--workdir={workdir}", timeout=300, run_bound=True)
   assert f"Resumed from {run_dir / 'checkpoints'} at step {saved}" in again.stdout
   record = json.loads((run_dir / "result.json").read_text())
@@ -166,9 +175,10 @@ def test_smoke_checkpoints_is_preempted_resumes_and_reports(tmp_path):
   evals = sorted({r["step"] for r in logged if r["split"] == "eval"})
   assert evals == [4, 8, 12, 16]       # every epoch (4 steps), the last one final
   train_steps = sorted({r["step"] for r in logged if r["split"] == "train"})
-  assert train_steps == list(range(1, 17))   # nothing lost across the resume
+  assert train_steps == list(range(1, 17))   # nothing lost across the two resumes
 
-  # 3. The report: Table 1's numbers in the paper column, flagged as not comparable.
+  # The report: Table 1's numbers in the paper column, flagged as not comparable.
+  assert not (workdir / "runs").exists()
   results = json.loads((workdir / "results.json").read_text())
   rows = {r["metric"]: r for r in results["rows"]}
   assert rows["top-1 (%)"]["paper"] == resnet50.PAPER["bn"][0] == 73.63
@@ -185,7 +195,7 @@ def test_smoke_checkpoints_is_preempted_resumes_and_reports(tmp_path):
     assert (workdir / name).read_bytes()[:8] == PNG and (workdir / name).stat().st_size > 5000
     assert f"Plot: {workdir / name}" in again.stdout
     assert f"![{name}]({name})" in (workdir / "report.md").read_text()
-  # The wall time counts the preempted sitting and the resumed one.
+  # The wall time counts E1's two sittings, the preempted one and the resumed one.
   sittings = json.loads((workdir / "wall_time.json").read_text())
   assert len(sittings) == 2 and all(s > 0 for s in sittings.values())
   assert results["seconds"] == pytest.approx(sum(sittings.values()))
@@ -216,20 +226,3 @@ def test_bad_flags_fail_fast_with_one_line(tmp_path, flag, message):
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith(f"error: {message}"), last
   assert not [p.name for p in tmp_path.iterdir()]   # nothing written
-
-
-@SMOKE_TRAINING
-def test_experiments_train_and_resnet50_share_one_workdir_layout(tmp_path):
-  """The same flagfile under either entry point trains in the same place: a run
-  started by ``experiments.train`` is resumed (here: found finished) by
-  ``experiments.resnet50``, which then writes its report beside it."""
-  workdir = tmp_path / "e1"
-  half = _cli.run("train", SMOKE, f"--workdir={workdir}", "--config.num_steps=8",
-                  timeout=300, run_bound=True)
-  assert "final step 8" in half.stdout
-  assert (workdir / "checkpoints").is_dir() and (workdir / "config.json").exists()
-  rest = _cli.run("resnet50", SMOKE, f"--workdir={workdir}", timeout=300, run_bound=True)
-  assert "Resumed from" in rest.stdout + rest.stderr or "at step 8" in rest.stdout
-  record = json.loads((workdir / "result.json").read_text())
-  assert record["final_step"] == 16
-  assert (workdir / "report.md").exists() and not (workdir / "runs").exists()
