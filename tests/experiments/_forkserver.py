@@ -1,12 +1,12 @@
 """``python -m experiments.<name> …`` many times, without paying the imports each time.
 
-Run as a script by :func:`tests.experiments._cli.forked` (never imported by a test). It
+Run as a script by :func:`tests.experiments._cli.run` (never imported by a test). It
 imports what every experiment imports (``experiments._harness``: JAX, Flax, Optax, the
 library), then answers requests on stdin, one JSON line each (``{"args": [module, …],
-"timeout": s, "env": {…}}``): it forks, and the child does what ``python -m`` does from there — runs
-the module fresh as ``__main__`` with that ``sys.argv`` (its flags defined anew, its
-stdout and stderr in files of its own) and exits as that process would (atexit
-handlers included). The reply, one JSON line on stdout: the exit status, stdout and
+"timeout": s, "env": {…}}``): it forks, and the child does what ``python -m`` does from
+there in that environment — runs the module fresh as ``__main__`` with that
+``sys.argv`` (its flags defined anew, its stdout and stderr in files of its own) and
+exits as that process would (atexit handlers included). The reply, one JSON line on stdout: the exit status, stdout and
 stderr, each stream after what the imports here wrote to it (a warning at import time
 counts in every case, as it would in a process of its own).
 
