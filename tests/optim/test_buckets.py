@@ -148,14 +148,17 @@ def _recording_newton_schulz(seen):
   return orthogonalize
 
 
+def _normal(**shapes) -> dict[str, jnp.ndarray]:
+  """A standard normal leaf of each shape, the i-th drawn from ``PRNGKey(i)``."""
+  return {name: jax.random.normal(jax.random.PRNGKey(i), shape)
+          for i, (name, shape) in enumerate(shapes.items())}
+
+
 def test_padded_buckets_stack_matrices_that_share_their_small_side():
   """``bucket="pad"``: a 27 × 8 stem, a 72 × 8 kernel and a wide 8 × 16 projection are
   one call on their tall matrices padded to 72 rows; Newton–Schulz ignores zero rows, so
   each result equals its own; a leaf whose state is shaped otherwise is not padded."""
-  params = {"stem": jax.random.normal(jax.random.PRNGKey(0), (3, 3, 3, 8)),
-            "a": jax.random.normal(jax.random.PRNGKey(1), (3, 3, 8, 8)),
-            "proj": jax.random.normal(jax.random.PRNGKey(2), (1, 1, 8, 16)),
-            "stack": jax.random.normal(jax.random.PRNGKey(3), (2, 40, 8))}
+  params = _normal(stem=(3, 3, 3, 8), a=(3, 3, 8, 8), proj=(1, 1, 8, 16), stack=(2, 40, 8))
   views = {"stack": STACK}
   seen = []
   orthogonalize = _recording_newton_schulz(seen)
@@ -182,10 +185,7 @@ def test_large_matrices_are_padded_within_their_octave_only(monkeypatch):
   8 × 24 projection (17–32 rows) are one call padded to 32 rows; the two 40 × 8 matrices
   of a stack (the next octave) are a bucket of their own. Each result equals its own."""
   monkeypatch.setattr(oj.linalg._tree, "PAD_FREELY_BELOW", 1)   # pylint: disable=protected-access
-  params = {"stem": jax.random.normal(jax.random.PRNGKey(0), (3, 3, 3, 8)),
-            "a": jax.random.normal(jax.random.PRNGKey(1), (1, 1, 32, 8)),
-            "proj": jax.random.normal(jax.random.PRNGKey(2), (1, 1, 8, 24)),
-            "stack": jax.random.normal(jax.random.PRNGKey(3), (2, 40, 8))}
+  params = _normal(stem=(3, 3, 3, 8), a=(1, 1, 32, 8), proj=(1, 1, 8, 24), stack=(2, 40, 8))
   views = {"stack": STACK}
   seen = []
   orthogonalize = _recording_newton_schulz(seen)
