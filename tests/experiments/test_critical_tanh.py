@@ -392,7 +392,7 @@ def _flagfile_values(path: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("kind", ["euclidean", "manifold"])
 def test_full_depth_flagfiles_train_every_network_at_its_probed_rates(kind):
-  """Issue 28: the 12 full-depth networks read their rates from the committed probe
+  """The 12 full-depth networks read their rates from the committed probe
   output, which holds each of their cells with the probe's argmax, inside its grid."""
   flags = _flagfile_values(f"experiments/flags/critical_tanh_full_{kind}.flags")
   assert flags["rates_from"] == "experiments/flags/critical_tanh_rates.json"
