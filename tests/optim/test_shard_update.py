@@ -69,7 +69,11 @@ def _trajectory(tx, params, mesh, steps=2):
   @jax.jit
   def step(params, state, grads):
     updates, state = tx.update(grads, state, params)
-    return updates, optax.apply_updates(params, updates), state
+    # Parameters stay replicated, as a data-parallel trainer keeps them (a split matrix's
+    # update comes out split): the second step's inputs are laid out as the first's.
+    params = jax.lax.with_sharding_constraint(optax.apply_updates(params, updates),
+                                              NamedSharding(mesh, P()))
+    return updates, params, state
 
   # The step's outputs are on the mesh: so are its first inputs (a state leaf init left
   # on one device would compile the step a second time for the second step).
