@@ -17,7 +17,7 @@ checkpoints intact and the partial one invisible. Restoring takes an
 checkpoint written on 8 devices restores on 4 or on 1.
 
 Integrity: Orbax checks no checksum, so a flipped bit restores silently. Once
-a step's save has finished, a manifest of the SHA-256 of every file in its
+a step's save has finished, a manifest of the CRC-32 of every file in its
 directory is written beside the checkpoints
 (``<directory>/../checkpoint_checksums/<step>.json``). A resume takes the newest
 step whose files all match their manifest; a damaged, incomplete or
@@ -33,12 +33,12 @@ stops at the same step. The loop then saves and exits cleanly.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import signal
 import threading
+import zlib
 from typing import Any, Callable
 
 import jax
@@ -49,11 +49,19 @@ _LOG = logging.getLogger(__name__)
 
 
 def _digest(path: epath.Path) -> str:
-  sha = hashlib.sha256()
+  """The file's CRC-32 (zlib's), as ``crc32:<8 hex digits>``.
+
+  A check against accidental damage, as GCS objects, zip archives and TFRecords carry:
+  it catches every error burst up to 32 bits long and any other with probability
+  1 − 2⁻³². Not a cryptographic hash, deliberately: on a 2-core Xeon without SHA
+  extensions zlib's CRC-32 reads 1.8 GB/s where SHA-256 reads 0.23 GB/s, and a ResNet-50
+  checkpoint with its best state (0.4 GB) is checked at every save and every resume.
+  """
+  crc = 0
   with path.open("rb") as f:
     for block in iter(lambda: f.read(1 << 20), b""):
-      sha.update(block)
-  return sha.hexdigest()
+      crc = zlib.crc32(block, crc)
+  return f"crc32:{crc:08x}"
 
 
 def _files(step_dir: epath.Path) -> dict[str, epath.Path]:

@@ -147,6 +147,34 @@ def test_checkpoint_written_on_8_devices_restores_on_fewer(tmp_path, restore_siz
                restored, nnx.to_pure_dict(state))
 
 
+def test_checkpoint_digest_is_the_standard_crc32(tmp_path):
+  """CRC-32's published check value (of b"123456789": 0xCBF43926, the IEEE 802.3 / zlib
+  polynomial); a file longer than one read block; a flipped bit changes it."""
+  from etils import epath
+  short = epath.Path(tmp_path / "check")
+  short.write_bytes(b"123456789")
+  assert ckpt_lib._digest(short) == "crc32:cbf43926"   # pylint: disable=protected-access
+  data = bytearray(np.random.default_rng(0).integers(0, 256, 3 << 20, np.uint8).tobytes())
+  long = epath.Path(tmp_path / "long")
+  long.write_bytes(bytes(data))
+  table = [0] * 256                  # bitwise CRC-32 by the reflected polynomial 0xEDB88320
+  for i in range(256):
+    c = i
+    for _ in range(8):
+      c = (c >> 1) ^ (0xEDB88320 if c & 1 else 0)
+    table[i] = c
+  crc = 0xFFFFFFFF
+  for byte in data[:1 << 16]:        # a 64 KiB prefix by the table: the same as zlib's
+    crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+  prefix = epath.Path(tmp_path / "prefix")
+  prefix.write_bytes(bytes(data[:1 << 16]))
+  assert ckpt_lib._digest(prefix) == f"crc32:{crc ^ 0xFFFFFFFF:08x}"  # pylint: disable=protected-access
+  before = ckpt_lib._digest(long)    # pylint: disable=protected-access
+  data[(3 << 20) - 5] ^= 0x10        # past the first 1 MiB read block
+  long.write_bytes(bytes(data))
+  assert ckpt_lib._digest(long) != before   # pylint: disable=protected-access
+
+
 def test_prefetch_to_mesh_keeps_order_and_runs_ahead():
   from orthojax.train import mesh as mesh_lib
   mesh = mesh_lib.make_mesh(-1)
