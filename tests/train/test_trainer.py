@@ -137,17 +137,17 @@ def _env(devices=8):
   return env
 
 
+# Two data-parallel devices: an all-reduce in every step, at a quarter of eight's cost
+# (eight devices' kill and resume: tests/train/test_fit.py).
+_KILL_DEVICES = 2
+
+
 def _final_params(workdir):
   result = trainer.train(_BASE.replace(num_steps=40, seed=5, workdir=str(workdir),
                                        checkpoint={"every_steps": 3}),
                          devices=jax.devices()[:_KILL_DEVICES], print_fn=lambda line: None)
   assert result.final_step == 40
   return result.state.params
-
-
-# Two data-parallel devices: an all-reduce in every step, at a quarter of eight's cost
-# (eight devices' kill and resume: tests/train/test_fit.py).
-_KILL_DEVICES = 2
 
 
 def test_sigkill_and_resume_matches_uninterrupted_run(tmp_path):
@@ -159,8 +159,8 @@ def test_sigkill_and_resume_matches_uninterrupted_run(tmp_path):
   # Killed at two random steps (checkpoints every 3 steps are written asynchronously,
   # so a kill often lands during a save), resumed after each, then run to the end.
   for target in sorted(rng.choice(np.arange(5, 36), size=2, replace=False)):
-    proc = subprocess.Popen(_cli(killed), env=_env(_KILL_DEVICES), cwd=_REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(_cli(killed), env=_env(_KILL_DEVICES), cwd=_REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
       if line.startswith("[train] step ") and int(line.split()[2].split("/")[0]) >= target:
         time.sleep(rng.uniform(0.0, 0.05))   # anywhere in the step, or in its save
