@@ -114,6 +114,19 @@ def views_by_path(tree: Any) -> dict[Any, Any]:
   return dict(jax.tree_util.tree_flatten_with_path(views, is_leaf=is_view)[0])
 
 
+def axes_by_path(tree: Any) -> dict[Any, tuple[str | None, ...]]:
+  """``{key path: logical axis names}`` the Variables of ``tree`` record
+  (:mod:`orthojax.nn.sharding`), keyed as :func:`views_by_path`; a Variable that records
+  none has no entry."""
+  recorded = {}
+  for path, v in jax.tree_util.tree_flatten_with_path(
+      nnx.state(tree, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))[0]:
+    names = v.get_metadata().get("out_sharding")
+    if names is not None:
+      recorded[path] = tuple(names)
+  return recorded
+
+
 def penalty_mask(model: nnx.Module, params: Any) -> Any:
   """Which params a soft-orthogonality penalty acts on.
 

@@ -15,7 +15,8 @@
 * ``config.weight_decay``: an L2 term added to the Euclidean kernels' gradient
   (``optax.add_decayed_weights``, He et al. 2016's SGD); AdamW's decoupled decay is its
   own keyword, ``config.optimizer.weight_decay``. Both skip biases, normalisation scales
-  and GmP angles (:func:`decay_mask`).
+  and GmP angles, stacked or not (:func:`decay_mask`, by the axes the model's Variables
+  record).
 * ``config.grad_clip_norm``: ``optax.clip_by_global_norm`` in front.
 * ``config.mesh.shard_update``: each group's optimizer of the library's table
   (:data:`orthojax.optim.OPTIMIZER_TABLE`) wrapped explicitly in
@@ -61,13 +62,30 @@ def schedule(config: Config, base_lr: float, total_steps: int) -> optax.Schedule
                             decay_factor=config.decay_factor)
 
 
-def decay_mask(params: Any) -> Any:
-  """Where ``config.weight_decay`` (and AdamW's own ``weight_decay``) acts: kernels
-  (rank ≥ 2), not biases or normalisation
-  scales (as Flax's ImageNet example), and not GmP angles ``theta`` — they are
-  coordinates, and shrinking them would turn every unit towards the first axis."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, x: x.ndim >= 2 and "'theta'" not in jax.tree_util.keystr(path), params)
+def decay_mask(params: Any, axes: dict[Any, Any] | None = None) -> Any:
+  """Where ``config.weight_decay`` (and AdamW's own ``weight_decay``) acts: the leaves
+  with two or more axes of one layer — kernels, embeddings, the head — not biases or
+  normalisation scales (as Flax's ImageNet example), whether one layer's ``(d,)`` or a
+  scanned stack's ``(L, d)``, and not GmP angles ``theta`` — they are coordinates, and
+  shrinking them would turn every unit towards the first axis.
+
+  Args:
+    params: the parameter tree (or a part of it: the others ``optax.MaskedNode``).
+    axes: ``{key path: logical axis names}`` the model's Variables record
+      (:func:`orthojax.train.model_zoo.axes_by_path`): a scanned stack's layer axis does
+      not count towards the two, and a leaf with an angles axis is not decayed. A leaf
+      without an entry (a bare parameter dict's) is judged by its rank and its name.
+  """
+  axes = axes or {}
+
+  def decayed(path, x):
+    names = axes.get(path)
+    if names is None:
+      return x.ndim >= 2 and "'theta'" not in jax.tree_util.keystr(path)
+    return (sum(n != oj.nn.sharding.LAYERS for n in names) >= 2
+            and oj.nn.sharding.ANGLES not in names)
+
+  return jax.tree_util.tree_map_with_path(decayed, params)
 
 
 RATE_KEYWORDS = ("learning_rate", "adam_learning_rate")
@@ -136,27 +154,29 @@ def _optimizer(group: str, config: Config, total_steps: int,
 
 
 def _group_optimizer(group: str, config: Config, total_steps: int, views: Any,
-                     shard: Shard) -> optax.GradientTransformation:
+                     shard: Shard, mask: Callable[[Any], Any]) -> optax.GradientTransformation:
   """The group's optimizer; one of the library's wrapped in ``shard`` (with the views the
   trainer gives it), Euclidean ones with the L2 term in front."""
   if group == "euclidean":
-    supplied = {"views": views, "mask": decay_mask}
+    supplied = {"views": views, "mask": mask}
   else:
     supplied = {"views": views, "manifold": _default_manifold(group)}
   tx = _optimizer(group, config, total_steps, supplied)
   if oj.optim.optimizer_entry(config.optimizer[group]["name"]) is not None:
     tx = shard(tx, views=views)
-  return _with_l2(tx, config) if group == "euclidean" else tx
+  return _with_l2(tx, config, mask) if group == "euclidean" else tx
 
 
-def _with_l2(tx: optax.GradientTransformation, config: Config) -> optax.GradientTransformation:
+def _with_l2(tx: optax.GradientTransformation, config: Config,
+             mask: Callable[[Any], Any]) -> optax.GradientTransformation:
   if not config.weight_decay:
     return tx
-  return optax.chain(optax.add_decayed_weights(config.weight_decay, mask=decay_mask), tx)
+  return optax.chain(optax.add_decayed_weights(config.weight_decay, mask=mask), tx)
 
 
 def build(config: Config, *, total_steps: int, labels: Any = None, views: Any = None,
-          penalty_mask: Any = None, shard: Shard = unsharded) -> optax.GradientTransformation:
+          penalty_mask: Any = None, axes: dict[Any, Any] | None = None,
+          shard: Shard = unsharded) -> optax.GradientTransformation:
   """The full transformation for ``config``.
 
   Args:
@@ -166,6 +186,8 @@ def build(config: Config, *, total_steps: int, labels: Any = None, views: Any = 
       :func:`orthojax.nn.manifold_labels`), or None for a model without manifold params.
     views: pure ``views=`` tree for the manifold optimizers and the penalty.
     penalty_mask: which leaves the penalty sees (None: every matrix leaf).
+    axes: ``{key path: logical axis names}`` the model's Variables record, for the weight
+      decay's mask (:func:`decay_mask`; None: by rank and name).
     shard: how the library's optimizers are applied (:func:`update_sharding`; default
       :func:`unsharded`).
 
@@ -187,7 +209,9 @@ def build(config: Config, *, total_steps: int, labels: Any = None, views: Any = 
   if config.penalty:
     links.append(registry.build("penalty", config.penalty, "config.penalty",
                                 registry.Supplied({"mask": penalty_mask, "views": views})))
-  txs = {group: _group_optimizer(group, config, total_steps, views, shard) for group in groups}
+  mask = functools.partial(decay_mask, axes=axes)
+  txs = {group: _group_optimizer(group, config, total_steps, views, shard, mask)
+         for group in groups}
   links.append(txs["euclidean"] if groups == ["euclidean"] else oj.optim.partition(labels, **txs))
   return optax.chain(*links) if len(links) > 1 else links[0]
 

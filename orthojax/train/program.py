@@ -342,6 +342,7 @@ def _build_optimizer(config: Config, optimizer: OptimizerArg | None, abstract: A
     return optimizers.build(config, total_steps=total_steps, labels=labels,
                             views=_pure(oj.nn.matrix_views(abs_params)),
                             penalty_mask=model_zoo.penalty_mask(abstract, pure_params),
+                            axes=model_zoo.axes_by_path(abstract),
                             shard=shard)
   return optimizers.user_optimizer(optimizer, abstract, shard)
 

@@ -12,6 +12,7 @@ import orthojax as oj
 from orthojax.train import data as data_lib
 from orthojax.train import model_zoo
 from orthojax.train import optimizers
+from orthojax.train import program as program_lib
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
 
@@ -51,6 +52,59 @@ def test_zero_gradient_update_is_the_decay_of_the_kernels(optimizer, decay):
     np.testing.assert_allclose(u, want, rtol=1e-6, atol=1e-9, err_msg=jax.tree_util.keystr(path))
 
   jax.tree_util.tree_map_with_path(check, updates, params)
+
+
+# The leaves weight decay acts on, by name: each layer's matrices, embeddings and head; not
+# a bias or a normalisation scale, whether one layer's (d,) or a scanned stack's (L, d).
+_SCANNED = {
+    "DeepMLP": (lambda: oj.models.DeepMLP(4, 3, 8, 2, rngs=nnx.Rngs(0)),
+                {"in_kernel", "kernels", "kernel"}),
+    "TransformerLM": (lambda: oj.models.TransformerLM(11, depth=2, width=8, heads=2,
+                                                      qk_norm=True, rngs=nnx.Rngs(0)),
+                      {"qkv", "attn_out", "mlp_in", "mlp_out", "embed", "head"}),
+}
+
+
+@pytest.mark.parametrize("model", list(_SCANNED))
+@pytest.mark.parametrize("optimizer,decay", [
+    ({"name": "sgd"}, {"weight_decay": 0.01}),
+    ({"name": "adamw", "weight_decay": 0.01}, {}),
+])
+def test_a_scanned_stacks_biases_and_scales_are_not_decayed(model, optimizer, decay):
+  build, decayed = _SCANNED[model]
+  model = build()
+  # Shifted off zero: a bias that starts at 0 would not show its decay.
+  params = jax.tree.map(lambda x: x + 0.5, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+  config = Config(num_steps=10, optimizer={"euclidean": {**optimizer, "learning_rate": 0.5}},
+                  **decay)
+  tx = optimizers.build(config, total_steps=10, axes=model_zoo.axes_by_path(model))
+  updates, _ = tx.update(jax.tree.map(np.zeros_like, params), tx.init(params), params)
+  stacked = []
+
+  def check(path, u, p):
+    name = path[-1].key
+    stacked.append(p.ndim >= 2 and name not in decayed)
+    want = -0.5 * 0.01 * np.asarray(p) if name in decayed else np.zeros_like(p)
+    np.testing.assert_allclose(u, want, rtol=1e-6, atol=1e-9, err_msg=jax.tree_util.keystr(path))
+
+  jax.tree_util.tree_map_with_path(check, updates, params)
+  assert any(stacked)     # the model has a stacked bias or scale: the rank alone would decay it
+
+
+def test_a_run_decays_by_the_axes_its_model_records():
+  """The trainer's program passes the model's recorded axes: a DeepMLP's stacked biases
+  (L, width) are not decayed."""
+  config = Config(model={"name": "DeepMLP", "depth": 3, "width": 8}, batch_size=8,
+                  data={"name": "digits", "flatten": True}, num_steps=10, weight_decay=0.01,
+                  optimizer={"euclidean": {"name": "sgd", "learning_rate": 0.5}})
+  program = program_lib.build_program(config, program_lib.dataset_info(config),
+                                      devices=jax.devices()[:1])
+  params = jax.tree.map(lambda s: np.full(s.shape, 0.5, s.dtype), program.abstract_state().params)
+  updates, _ = program.tx.update(jax.tree.map(np.zeros_like, params), program.tx.init(params),
+                                 params)
+  model = updates["model"]
+  np.testing.assert_array_equal(model["biases"], 0.0)
+  np.testing.assert_allclose(model["kernels"], -0.5 * 0.01 * 0.5, rtol=1e-6)
 
 
 def test_adam_l2_touches_kernels_only_and_none_without_decay():
