@@ -31,4 +31,5 @@ from orthojax.linalg._tree import mask_for
 from orthojax.linalg._tree import recorded_views
 from orthojax.linalg._tree import recording
 from orthojax.linalg._tree import unzip
+from orthojax.linalg._tree import variable_values
 from orthojax.linalg._tree import views_for

@@ -109,6 +109,16 @@ def _variable_type() -> Any:
   return getattr(nnx, "Variable", None)
 
 
+def variable_values(tree: Any) -> Any:
+  """``tree`` with each Flax NNX Variable replaced by its value: the bare tree
+  ``nnx.Optimizer`` hands ``tx.update`` where it handed ``tx.init`` the Variables."""
+  variable = _variable_type()
+  if variable is None:
+    return tree
+  return jax.tree.map(lambda x: x.get_value() if isinstance(x, variable) else x, tree,
+                      is_leaf=lambda x: isinstance(x, variable))
+
+
 def _variable_pairs(tree: Any) -> list[tuple[Any, Any]]:
   """``(path, node)`` with each Variable one node (its value's leaves below it)."""
   variable = _variable_type()

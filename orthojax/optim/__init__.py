@@ -26,7 +26,7 @@ from orthojax.optim._muon import to_muon
 from orthojax.optim._partition import partition
 from orthojax.optim._penalty import AddOrthogonalityPenaltyState
 from orthojax.optim._penalty import add_orthogonality_penalty
-from orthojax.optim._recorded import RecordedViewsState
+from orthojax.optim.execution.recorded import RecordedViewsState
 from orthojax.optim._riemannian import RetractState
 from orthojax.optim._riemannian import RiemannianMomentumState
 from orthojax.optim._riemannian import ScaleByRiemannianAdamState

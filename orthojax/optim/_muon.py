@@ -28,7 +28,7 @@ from orthojax import linalg
 from orthojax.linalg import leaf_names, map_views, unzip, views_for
 from orthojax.manifolds import Stiefel
 from orthojax.optim._checks import check_rate
-from orthojax.optim._recorded import reads_recorded_views
+from orthojax.optim.execution.recorded import reads_recorded_views
 from orthojax.optim._riemannian import retract
 
 

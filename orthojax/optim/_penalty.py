@@ -11,7 +11,7 @@ import optax
 from orthojax import linalg
 from orthojax import penalties
 from orthojax.optim._checks import check_rate
-from orthojax.optim._recorded import reads_recorded_views
+from orthojax.optim.execution.recorded import reads_recorded_views
 from orthojax.optim._scope import scoped
 
 

@@ -33,7 +33,7 @@ from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import Manifold, Stiefel
 from orthojax.optim._checks import check_matrices
-from orthojax.optim._recorded import reads_recorded_views
+from orthojax.optim.execution.recorded import reads_recorded_views
 from orthojax.optim._scope import scoped
 
 _SECOND_MOMENTS = ("elementwise", "matrix", "matrix_sum")

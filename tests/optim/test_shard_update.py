@@ -371,3 +371,38 @@ def test_striped_stacks_move_as_blocks_and_match_the_replicated_update():
   expected, _ = reference.update(grads, reference.init(params), params)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=2e-5, atol=2e-6),
                updates, expected)
+
+
+def test_on_the_nnx_optimizer_path_the_plan_follows_the_recorded_views():
+  """``nnx.Optimizer(model, tx)`` hands ``init`` the Variables and ``update`` their bare
+  values: without ``views=``, the owners take the matrices the Variables record (a scanned
+  transformer's stacked kernels; not its (L, d) norm scales, embedding or head), and
+  the step equals the unsharded one."""
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  mesh = _mesh(8)
+  make = lambda: oj.models.TransformerLM(11, depth=2, width=8, heads=2, stiefel="attention",
+                                         scale="output", rngs=nnx.Rngs(0))
+  shard = lambda tx: oj.optim.shard_update(tx, mesh)
+  tx = lambda model, wrap: oj.optim.partition(model, stiefel=wrap(oj.optim.radam(1e-2)),
+                                              euclidean=wrap(oj.optim.muon(1e-2, ns_steps=2)))
+  sharded, replicated = make(), make()
+  opt_sharded = nnx.Optimizer(sharded, tx(sharded, shard), wrt=nnx.Param)
+  opt_replicated = nnx.Optimizer(replicated, tx(replicated, lambda t: t), wrt=nnx.Param)
+  rng = np.random.default_rng(0)
+  grads = jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), x.dtype),
+                       nnx.state(sharded, nnx.Param))
+
+  @nnx.jit
+  def steps(a, opt_a, b, opt_b, g):
+    opt_a.update(a, g)
+    opt_b.update(b, g)
+
+  steps(sharded, opt_sharded, replicated, opt_replicated, grads)
+  is_sharded = lambda x: isinstance(x, oj.optim.ShardedUpdateState)
+  owned = sorted(tuple(leaf.shape) for s in jax.tree.leaves(opt_sharded.opt_state, is_leaf=is_sharded)
+                 if is_sharded(s) for leaf in s.layout.leaves)
+  # qkv and attn_out on the Stiefel manifold; mlp_in and mlp_out to Muon.
+  assert owned == [(2, 3, 8, 8), (2, 8, 8), (2, 8, 32), (2, 32, 8)]
+  got = nnx.to_pure_dict(nnx.state(sharded, nnx.Param))
+  want = nnx.to_pure_dict(nnx.state(replicated, nnx.Param))
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6), got, want)

@@ -23,7 +23,10 @@ applies it to the optimizers of :data:`orthojax.optim.OPTIMIZER_TABLE`
   conversions to and from the per-leaf state;
 * ``sharded`` — :func:`shard_update` itself (with
   ``stripes`` for the stacks striped over the owners);
-* ``buckets`` — :func:`bucketed` / :func:`per_leaf`.
+* ``buckets`` — :func:`bucketed` / :func:`per_leaf`;
+* ``recorded`` — the views a model's Variables record, kept from ``init`` for every
+  ``update`` on the ``nnx.Optimizer`` path (the optimizers and :func:`shard_update`
+  built without ``views=``).
 
 Why shard. Data parallelism replicates the optimizer: every device computes the whole
 orthogonalizing update (projection, transport, retraction, Newton–Schulz) of every

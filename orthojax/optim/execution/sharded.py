@@ -27,10 +27,12 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from orthojax import linalg
 from orthojax.optim.execution import stripes
 from orthojax.optim.execution.layout import UpdateLayout, aval, flatten, is_masked
 from orthojax.optim.execution.owners import num_owners, owner_axes
 from orthojax.optim.execution.planning import plan
+from orthojax.optim.execution.recorded import with_recorded_views
 from orthojax.optim.execution.state import (ShardedUpdateState, pack, pack_state,
                                             unpack_state)
 
@@ -58,7 +60,8 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
     mesh: the ``jax.sharding.Mesh`` the step runs on (real or abstract devices).
     views: the per-leaf matrix views ``tx`` uses (``orthojax.linalg.map_views``);
       leaves without a matrix view (rank < 2, or a view ``False``) are updated
-      on every device.
+      on every device. None: inferred, or on the ``nnx.Optimizer`` path the views the
+      model's Variables record (as ``tx``'s own default).
     axes: the mesh axes whose devices own matrices (default: those of
       ``("data", "fsdp")`` the mesh has). Devices along other axes (``model``)
       repeat their owner's work.
@@ -97,6 +100,7 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
     return layouts[key]
 
   def init_fn(params):
+    params = linalg.variable_values(params)   # the tree update gets (nnx.Optimizer)
     return _init(tx, layout_of(params), mesh, jax.tree_util.tree_leaves(params))
 
   def update_fn(updates, state, params=None):
@@ -109,7 +113,10 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
                        "these params (convert a replicated state with oj.optim.sharded_state)")
     return _update(tx, layout, mesh, updates, state, params)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  sharded = optax.GradientTransformation(init_fn, update_fn)
+  # Without views=, the plan follows the views the Variables record on the nnx.Optimizer
+  # path, at init and at every update (whose params are bare).
+  return sharded if views is not None else with_recorded_views(sharded)
 
 
 def _init(tx: optax.GradientTransformation, layout: UpdateLayout, mesh: Any,
