@@ -26,7 +26,6 @@ from orthojax.optim._muon import to_muon
 from orthojax.optim._partition import partition
 from orthojax.optim._penalty import AddOrthogonalityPenaltyState
 from orthojax.optim._penalty import add_orthogonality_penalty
-from orthojax.optim.execution.recorded import RecordedViewsState
 from orthojax.optim._riemannian import RetractState
 from orthojax.optim._riemannian import RiemannianMomentumState
 from orthojax.optim._riemannian import ScaleByRiemannianAdamState
@@ -49,6 +48,7 @@ from orthojax.optim._table import rsgd
 from orthojax.optim._table import stiefel_muon
 from orthojax.optim.execution import MatrixLeaf
 from orthojax.optim.execution import Piece
+from orthojax.optim.execution import RecordedViewsState
 from orthojax.optim.execution import ShardedUpdateState
 from orthojax.optim.execution import SplitMatrix
 from orthojax.optim.execution import UpdateLayout

@@ -10,9 +10,9 @@ from orthojax.manifolds import Manifold, Stiefel
 from orthojax.optim._checks import check_rate
 from orthojax.optim._fused import fused_stiefel_adam, supports_fused
 from orthojax.optim._fused_momentum import fused_stiefel_momentum
-from orthojax.optim.execution.recorded import reads_recorded_views
 from orthojax.optim._riemannian import (project_to_tangent, retract, riemannian_momentum,
                                          scale_by_riemannian_adam)
+from orthojax.optim.execution.recorded import reads_recorded_views
 
 
 def _default(manifold):

@@ -50,9 +50,9 @@ from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import cayley_generator, polish, reorthonormalize_newton_schulz
 from orthojax.optim._checks import check_matrices, check_rate
-from orthojax.optim.execution.recorded import reads_recorded_views
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
+from orthojax.optim.execution.recorded import reads_recorded_views
 
 
 class CayleyState(NamedTuple):

@@ -75,11 +75,11 @@ import optax
 from orthojax import linalg
 from orthojax.manifolds import Stiefel, polish
 from orthojax.optim._checks import check_rate
-from orthojax.optim.execution.recorded import reads_recorded_views
 from orthojax.optim._riemannian import (RetractState, ScaleByRiemannianAdamState,
                                          _SECOND_MOMENTS, _require_params, project_to_tangent,
                                          retract, scale_by_riemannian_adam)
 from orthojax.optim._scope import scoped
+from orthojax.optim.execution.recorded import reads_recorded_views
 
 
 def _sq(x):

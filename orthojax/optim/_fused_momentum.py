@@ -41,10 +41,10 @@ from orthojax import linalg
 from orthojax.manifolds import Stiefel
 from orthojax.optim._checks import check_rate
 from orthojax.optim._fused import retract_tall, supports_fused
-from orthojax.optim.execution.recorded import reads_recorded_views
 from orthojax.optim._riemannian import (RetractState, RiemannianMomentumState, _require_params,
                                          project_to_tangent, retract, riemannian_momentum)
 from orthojax.optim._scope import scoped
+from orthojax.optim.execution.recorded import reads_recorded_views
 
 
 @reads_recorded_views

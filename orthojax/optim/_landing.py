@@ -59,9 +59,9 @@ from orthojax import linalg
 from orthojax.linalg import map_views
 from orthojax.manifolds import polish
 from orthojax.optim._checks import check_rate
-from orthojax.optim.execution.recorded import reads_recorded_views
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
+from orthojax.optim.execution.recorded import reads_recorded_views
 
 
 class LandingState(NamedTuple):

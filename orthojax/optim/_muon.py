@@ -28,8 +28,8 @@ from orthojax import linalg
 from orthojax.linalg import leaf_names, map_views, unzip, views_for
 from orthojax.manifolds import Stiefel
 from orthojax.optim._checks import check_rate
-from orthojax.optim.execution.recorded import reads_recorded_views
 from orthojax.optim._riemannian import retract
+from orthojax.optim.execution.recorded import reads_recorded_views
 
 
 _QUINTIC = (3.4445, -4.7750, 2.0315)   # optax.contrib.muon's default (Jordan's quintic)

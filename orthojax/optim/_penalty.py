@@ -11,8 +11,8 @@ import optax
 from orthojax import linalg
 from orthojax import penalties
 from orthojax.optim._checks import check_rate
-from orthojax.optim.execution.recorded import reads_recorded_views
 from orthojax.optim._scope import scoped
+from orthojax.optim.execution.recorded import reads_recorded_views
 
 
 class AddOrthogonalityPenaltyState(NamedTuple):

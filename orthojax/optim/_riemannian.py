@@ -33,8 +33,8 @@ from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import Manifold, Stiefel
 from orthojax.optim._checks import check_matrices
-from orthojax.optim.execution.recorded import reads_recorded_views
 from orthojax.optim._scope import scoped
+from orthojax.optim.execution.recorded import reads_recorded_views
 
 _SECOND_MOMENTS = ("elementwise", "matrix", "matrix_sum")
 

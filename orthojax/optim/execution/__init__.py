@@ -97,6 +97,7 @@ from orthojax.optim.execution.owners import owner_axes
 from orthojax.optim.execution.owners import split_cost
 from orthojax.optim.execution.owners import split_matrices
 from orthojax.optim.execution.planning import plan
+from orthojax.optim.execution.recorded import RecordedViewsState
 from orthojax.optim.execution.sharded import shard_update
 from orthojax.optim.execution.state import ShardedUpdateState
 from orthojax.optim.execution.state import replicated_state
