@@ -67,7 +67,8 @@ def add_orthogonality_penalty(
       ``(w, view=...) -> scalar``.
     strength: λ, a float or an optax schedule ``step -> λ_t``.
     gain: ``g`` of ``"gain_adjusted_so"`` (singular values are pulled to
-      ``g``); must stay 1 for every other kind.
+      ``g``; ``optax.inject_hyperparams`` may make it a hyperparameter, as
+      ``strength``); must stay 1 for every other kind.
     mask: which leaves to penalise (None: every leaf with >= 2 axes), as in
       :func:`orthojax.penalties.tree_penalty`.
     views: matrix views of the leaves, as in
@@ -110,17 +111,24 @@ def add_orthogonality_penalty(
       raise ValueError(f"reduction must be one of {penalties.REDUCTIONS}, "
                        f"got reduction={reduction!r}")
     kwargs["reduction"] = reduction
+  # optax.inject_hyperparams hands every numeric argument over traced: a traced value
+  # cannot be checked here.
+  concrete = lambda x: not isinstance(x, jax.core.Tracer)
   if kind == "gain_adjusted_so":
-    if not gain > 0:
+    if concrete(gain) and not gain > 0:
       raise ValueError(f"gain must be positive, got gain={gain!r}")
     kwargs["gain"] = gain
-  elif gain != 1.0:
+  elif concrete(gain) and gain != 1.0:
     raise ValueError(f"gain={gain!r} only applies to kind='gain_adjusted_so', got kind={kind!r}")
   if kind == "srip":
+    if not concrete(iterations):
+      raise ValueError("add_orthogonality_penalty: iterations is srip's loop count, not a "
+                       "hyperparameter; pass static_args=('iterations',) to "
+                       "optax.inject_hyperparams")
     if int(iterations) < 1:
       raise ValueError(f"iterations must be >= 1, got iterations={iterations!r}")
     kwargs["iterations"] = int(iterations)
-  elif iterations != 2:
+  elif concrete(iterations) and iterations != 2:
     raise ValueError(f"iterations={iterations!r} only applies to kind='srip', got kind={kind!r}")
   check_rate("add_orthogonality_penalty", strength, "strength", allow_zero=True)
   scheduled = callable(strength)

@@ -97,6 +97,31 @@ def test_gain_adjusted_drives_singular_values_to_gain():
   np.testing.assert_allclose(np.linalg.svd(plain["w"], compute_uv=False), 1.0, atol=1e-3)
 
 
+def test_injected_strength_and_gain_equal_the_constants():
+  """``optax.inject_hyperparams`` hands the constructor every numeric argument traced
+  (the checks let them through; the penalty uses them as numbers); a new gain set in
+  the state takes effect at the next step. srip's loop count must stay static."""
+  p = _params()
+  injected = optax.inject_hyperparams(add_orthogonality_penalty)(
+      kind="gain_adjusted_so", strength=0.3, gain=1.5)
+  state = injected.init(p)
+  update = jax.jit(injected.update)
+  for gain in (1.5, 0.5):
+    state.hyperparams["gain"] = jnp.asarray(gain)
+    updates, state = update(_ones_like(p), state, p)
+    constant = add_orthogonality_penalty("gain_adjusted_so", 0.3, gain)
+    want, _ = constant.update(_ones_like(p), constant.init(p), p)
+    for key in p:
+      np.testing.assert_allclose(updates[key], want[key], rtol=1e-6, atol=1e-7, err_msg=key)
+  assert not np.allclose(updates["w"], 1.0)
+  plain = optax.inject_hyperparams(add_orthogonality_penalty)(kind="so", strength=0.3)
+  updates, _ = jax.jit(plain.update)(_ones_like(p), plain.init(p), p)   # gain, iterations traced
+  np.testing.assert_allclose(updates["w"], 1 + 0.3 * _so_grad(p["w"]), rtol=1e-5, atol=1e-6)
+  srip = optax.inject_hyperparams(add_orthogonality_penalty)(kind="srip", strength=0.3)
+  with pytest.raises(ValueError, match=r"static_args=\('iterations',\)"):
+    jax.jit(srip.update)(_ones_like(p), srip.init(p), p)
+
+
 def test_mask_views_and_reduction_are_forwarded():
   p = _params()
   p["stack"] = jnp.asarray(np.random.default_rng(3).normal(size=(2, 5, 3)), jnp.float32)
