@@ -7,7 +7,7 @@ from typing import Any
 import optax
 
 from orthojax.manifolds import Manifold, Stiefel
-from orthojax.optim._checks import check_rate
+from orthojax.optim._checks import check_rate, injected
 from orthojax.optim._fused import fused_stiefel_adam, supports_fused
 from orthojax.optim._fused_momentum import fused_stiefel_momentum
 from orthojax.optim._riemannian import (project_to_tangent, retract, riemannian_momentum,
@@ -50,11 +50,13 @@ def rsgd(
   """
   check_rate("rsgd", learning_rate)
   manifold = _default(manifold)
-  if momentum and supports_fused(manifold):
+  # An injected momentum (optax.inject_hyperparams) keeps the trace, at 0 too.
+  with_momentum = injected(momentum) or bool(momentum)
+  if with_momentum and supports_fused(manifold):
     return fused_stiefel_momentum(learning_rate, manifold, momentum, nesterov, views=views,
                                   reorthonormalize_every=reorthonormalize_every)
   links = [project_to_tangent(manifold, views)]
-  if momentum:
+  if with_momentum:
     links.append(riemannian_momentum(manifold, momentum, nesterov, views))
   links += [optax.scale_by_learning_rate(learning_rate),
             retract(manifold, views, reorthonormalize_every)]

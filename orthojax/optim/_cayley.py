@@ -49,7 +49,7 @@ import optax
 from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import cayley_generator, polish, reorthonormalize_newton_schulz
-from orthojax.optim._checks import check_matrices, check_rate
+from orthojax.optim._checks import check_matrices, check_rate, check_static, traced
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
 from orthojax.optim.execution.recorded import reads_recorded_views
@@ -64,11 +64,13 @@ class CayleyState(NamedTuple):
 
 def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
                       reorthonormalize_every, views, who):
+  check_static(who, iterations, "iterations")
   if int(iterations) < 1:
     raise ValueError(f"{who}: iterations must be >= 1, got {iterations}")
-  if not 0.0 < q < 1.0:
+  if not traced(q) and not 0.0 < q < 1.0:
     raise ValueError(f"{who}: q must be in (0, 1) for the fixed point to contract, got {q}")
-  if reorthonormalize_every is not None and int(reorthonormalize_every) < 1:
+  if (reorthonormalize_every is not None and not traced(reorthonormalize_every)
+      and int(reorthonormalize_every) < 1):
     raise ValueError(f"{who}: reorthonormalize_every must be None or >= 1")
 
   def init_fn(params):

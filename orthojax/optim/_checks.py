@@ -20,7 +20,7 @@ def check_rate(who: str, value: Any, name: str = "learning_rate", *,
   call means, so they are refused here as the command line refuses them. (A schedule may
   return anything: it is the user's own function.)
   """
-  if callable(value) or isinstance(value, jax.core.Tracer):   # a schedule; inject_hyperparams
+  if callable(value) or traced(value):   # a schedule; inject_hyperparams
     return
   try:
     number = float(value)
@@ -34,6 +34,29 @@ def check_rate(who: str, value: Any, name: str = "learning_rate", *,
     raise ValueError(f"{who}: {name}={value!r} must be a finite number {bound} (a negative "
                      f"{name.replace('_', ' ')} {why}); pass e.g. 1e-3, or an optax "
                      f"schedule")
+
+
+def traced(value: Any) -> bool:
+  """Whether a constructor's argument arrives traced (``optax.inject_hyperparams`` hands
+  every numeric argument over as an array, traced in a jitted update): its range cannot
+  be checked up front."""
+  return isinstance(value, jax.core.Tracer)
+
+
+def injected(value: Any) -> bool:
+  """Whether a constructor's argument is an array, as ``optax.inject_hyperparams`` hands
+  every numeric one over (concrete at ``init``, traced in a jitted ``update``): a choice of
+  program made from it must not depend on its value, or ``init`` and ``update`` differ."""
+  return isinstance(value, (jax.Array, jax.core.Tracer))
+
+
+def check_static(who: str, value: Any, name: str) -> None:
+  """Raise ValueError in one line if ``value``, which sets the program's structure (a loop
+  count), is an array rather than a Python number."""
+  if injected(value):
+    raise ValueError(f"{who}: {name} sets the program's structure and must be a Python int, "
+                     f"not an array (under optax.inject_hyperparams pass "
+                     f"static_args=({name!r},))")
 
 
 def check_matrices(who: str, params: Any, views: Any) -> None:

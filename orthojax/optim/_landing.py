@@ -58,7 +58,7 @@ import optax
 from orthojax import linalg
 from orthojax.linalg import map_views
 from orthojax.manifolds import polish
-from orthojax.optim._checks import check_rate
+from orthojax.optim._checks import check_rate, traced
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
 from orthojax.optim.execution.recorded import reads_recorded_views
@@ -111,9 +111,9 @@ def landing(
     returning ``-eta * Lambda(X)``.
   """
   check_rate("landing", learning_rate)
-  if not 0.0 < eps < 1.0:
+  if not traced(eps) and not 0.0 < eps < 1.0:
     raise ValueError(f"landing: eps must be in (0, 1), got {eps}")
-  if lam <= 0:
+  if not traced(lam) and lam <= 0:
     raise ValueError(f"landing: lam must be > 0, got {lam}")
 
   def update_fn(updates, state, params=None):

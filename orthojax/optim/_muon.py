@@ -27,7 +27,7 @@ from optax.contrib import MuonDimensionNumbers
 from orthojax import linalg
 from orthojax.linalg import leaf_names, map_views, unzip, views_for
 from orthojax.manifolds import Stiefel
-from orthojax.optim._checks import check_rate
+from orthojax.optim._checks import check_rate, check_static
 from orthojax.optim._riemannian import retract
 from orthojax.optim.execution.recorded import reads_recorded_views
 
@@ -271,6 +271,8 @@ def stiefel_muon(
     views: per-leaf matrix views.
   """
   check_rate("stiefel_muon", learning_rate)
+  check_static("stiefel_muon", retraction_steps, "retraction_steps")
+
   def dims(params):
     leaves, treedef = jax.tree_util.tree_flatten(params)
     names = leaf_names(params)

@@ -10,7 +10,7 @@ import optax
 
 from orthojax import linalg
 from orthojax import penalties
-from orthojax.optim._checks import check_rate
+from orthojax.optim._checks import check_rate, check_static, traced
 from orthojax.optim._scope import scoped
 from orthojax.optim.execution.recorded import reads_recorded_views
 
@@ -111,24 +111,18 @@ def add_orthogonality_penalty(
       raise ValueError(f"reduction must be one of {penalties.REDUCTIONS}, "
                        f"got reduction={reduction!r}")
     kwargs["reduction"] = reduction
-  # optax.inject_hyperparams hands every numeric argument over traced: a traced value
-  # cannot be checked here.
-  concrete = lambda x: not isinstance(x, jax.core.Tracer)
   if kind == "gain_adjusted_so":
-    if concrete(gain) and not gain > 0:
+    if not traced(gain) and not gain > 0:
       raise ValueError(f"gain must be positive, got gain={gain!r}")
     kwargs["gain"] = gain
-  elif concrete(gain) and gain != 1.0:
+  elif not traced(gain) and gain != 1.0:
     raise ValueError(f"gain={gain!r} only applies to kind='gain_adjusted_so', got kind={kind!r}")
   if kind == "srip":
-    if not concrete(iterations):
-      raise ValueError("add_orthogonality_penalty: iterations is srip's loop count, not a "
-                       "hyperparameter; pass static_args=('iterations',) to "
-                       "optax.inject_hyperparams")
+    check_static("add_orthogonality_penalty", iterations, "iterations")
     if int(iterations) < 1:
       raise ValueError(f"iterations must be >= 1, got iterations={iterations!r}")
     kwargs["iterations"] = int(iterations)
-  elif concrete(iterations) and iterations != 2:
+  elif not traced(iterations) and iterations != 2:
     raise ValueError(f"iterations={iterations!r} only applies to kind='srip', got kind={kind!r}")
   check_rate("add_orthogonality_penalty", strength, "strength", allow_zero=True)
   scheduled = callable(strength)

@@ -32,7 +32,7 @@ import optax
 from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import Manifold, Stiefel
-from orthojax.optim._checks import check_matrices
+from orthojax.optim._checks import check_matrices, traced
 from orthojax.optim._scope import scoped
 from orthojax.optim.execution.recorded import reads_recorded_views
 
@@ -114,7 +114,7 @@ def riemannian_momentum(manifold: Manifold, momentum: float = 0.9, nesterov: boo
     :func:`project_to_tangent` before it).
   """
   _check_manifold(manifold, "riemannian_momentum")
-  if not 0.0 <= momentum < 1.0:
+  if not traced(momentum) and not 0.0 <= momentum < 1.0:
     raise ValueError(f"riemannian_momentum: momentum must be in [0, 1), got {momentum}")
 
   def init_fn(params):
@@ -291,7 +291,8 @@ def retract(manifold: Manifold, views: Any = None,
     An ``optax.GradientTransformation``.
   """
   _check_manifold(manifold, "retract")
-  if reorthonormalize_every is not None and int(reorthonormalize_every) < 1:
+  if (reorthonormalize_every is not None and not traced(reorthonormalize_every)
+      and int(reorthonormalize_every) < 1):
     raise ValueError(f"retract: reorthonormalize_every must be None or >= 1, "
                      f"got {reorthonormalize_every}")
 

@@ -476,6 +476,64 @@ def test_cayley_sgd_long_run_is_back_on_manifold_after_reorthonormalization():
   assert final < 1e-5, final
 
 
+# ---------------------------------------------------- injected hyperparameters ---
+
+# Per table entry: the keywords of the case (a momentum, so that rsgd's trace is on) and the
+# structural arguments (loop counts) that must stay static.
+_INJECTED = {
+    "rsgd": ({"momentum": 0.9}, ()),
+    "radam": ({"manifold": oj.manifolds.Stiefel("cayley")}, ()),
+    "projected_gradient": ({}, ()),
+    "cayley_sgd": ({}, ("iterations",)),
+    "cayley_adam": ({}, ("iterations",)),
+    "landing": ({}, ()),
+    "muon": ({}, ()),
+    "stiefel_muon": ({}, ("retraction_steps",)),
+    "fused_stiefel_adam": ({"manifold": oj.manifolds.Stiefel()}, ()),
+    "fused_stiefel_momentum": ({"manifold": oj.manifolds.Stiefel()}, ()),
+}
+
+
+def test_every_table_optimizer_is_in_the_injected_cases():
+  assert set(_INJECTED) == {entry.name for entry in oj.optim.OPTIMIZER_TABLE}
+
+
+@pytest.mark.parametrize("name", list(_INJECTED))
+def test_injected_hyperparameters_give_the_constants_step(name):
+  """``optax.inject_hyperparams`` hands the constructor every numeric argument as an array
+  (concrete at ``init``, traced in the jitted ``update``): the checks let them through and
+  the two steps equal those of the constants."""
+  kwargs, static = _INJECTED[name]
+  make = getattr(oj.optim, name)
+  first = "optimizer" if name == "projected_gradient" else "learning_rate"
+  injected = optax.inject_hyperparams(make, static_args=static)(**{first: 0.01}, **kwargs)
+  constant = make(0.01, **kwargs)
+  rng = np.random.default_rng(0)
+  params = {"w": jnp.asarray(_haar(rng, 6, 3), jnp.float32)}
+  grads = [{"w": jnp.asarray(rng.standard_normal((6, 3)), jnp.float32)} for _ in range(2)]
+
+  @jax.jit
+  def two_steps(tx_state, ref_state):
+    for g in grads:
+      u, tx_state = injected.update(g, tx_state, params)
+      ref, ref_state = constant.update(g, ref_state, params)
+    return u, ref
+
+  u, ref = two_steps(injected.init(params), constant.init(params))
+  np.testing.assert_allclose(u["w"], ref["w"], rtol=1e-5, atol=1e-6)
+  assert np.abs(np.asarray(ref["w"])).max() > 1e-4
+
+
+@pytest.mark.parametrize("name, argument", [("cayley_sgd", "iterations"),
+                                            ("stiefel_muon", "retraction_steps")])
+def test_an_injected_loop_count_is_one_line(name, argument):
+  with pytest.raises(ValueError, match=rf"^{name}: {argument} sets the program's structure "
+                     rf"and must be a Python int, not an array \(under "
+                     rf"optax.inject_hyperparams pass static_args=\('{argument}',\)\)$"):
+    optax.inject_hyperparams(getattr(oj.optim, name))(learning_rate=0.01).init(
+        {"w": jnp.eye(4, 3)})
+
+
 # ------------------------------------------------------------------ errors ---
 
 @pytest.mark.parametrize("make", [
