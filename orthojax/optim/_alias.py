@@ -35,7 +35,8 @@ def rsgd(
   Args:
     learning_rate: a float or an Optax schedule.
     manifold: default ``Stiefel()`` (QR retraction, Euclidean metric).
-    momentum: heavy-ball decay; 0 disables the trace.
+    momentum: heavy-ball decay; 0 disables the trace (an array, as
+      ``optax.inject_hyperparams`` passes it, keeps the trace at any value).
     nesterov: Nesterov momentum.
     views: per-leaf matrix views (``orthojax.linalg.map_views``); None (default): those
       the parameters' Variables record, on the ``nnx.Optimizer`` path
