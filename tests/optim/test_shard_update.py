@@ -399,8 +399,8 @@ def test_on_the_nnx_optimizer_path_the_plan_follows_the_recorded_views():
 
   steps(sharded, opt_sharded, replicated, opt_replicated, grads)
   is_sharded = lambda x: isinstance(x, oj.optim.ShardedUpdateState)
-  owned = sorted(tuple(leaf.shape) for s in jax.tree.leaves(opt_sharded.opt_state, is_leaf=is_sharded)
-                 if is_sharded(s) for leaf in s.layout.leaves)
+  states = jax.tree.leaves(opt_sharded.opt_state, is_leaf=is_sharded)
+  owned = sorted(tuple(leaf.shape) for s in states if is_sharded(s) for leaf in s.layout.leaves)
   # qkv and attn_out on the Stiefel manifold; mlp_in and mlp_out to Muon.
   assert owned == [(2, 3, 8, 8), (2, 8, 8), (2, 8, 32), (2, 32, 8)]
   got = nnx.to_pure_dict(nnx.state(sharded, nnx.Param))
