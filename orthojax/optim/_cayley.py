@@ -49,7 +49,8 @@ import optax
 from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import cayley_generator, polish, reorthonormalize_newton_schulz
-from orthojax.optim._checks import check_matrices, check_rate, check_static, traced
+from orthojax.optim._checks import (check_decay, check_matrices, check_rate, check_static,
+                                     traced)
 from orthojax.optim._riemannian import _require_params
 from orthojax.optim._scope import scoped
 from orthojax.optim.execution.recorded import reads_recorded_views
@@ -65,6 +66,8 @@ class CayleyState(NamedTuple):
 def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
                       reorthonormalize_every, views, who):
   check_static(who, iterations, "iterations")
+  for name, value in (("b1", b1), ("b2", b2)) if adam else (("momentum", momentum),):
+    check_decay(who, value, name)
   if int(iterations) < 1:
     raise ValueError(f"{who}: iterations must be >= 1, got {iterations}")
   if not traced(q) and not 0.0 < q < 1.0:

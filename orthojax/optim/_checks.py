@@ -50,6 +50,20 @@ def injected(value: Any) -> bool:
   return isinstance(value, (jax.Array, jax.core.Tracer))
 
 
+def check_decay(who: str, value: Any, name: str) -> None:
+  """Raise ValueError in one line unless ``value`` — a momentum or moment decay, which
+  weighs the past against the new gradient — is a number in [0, 1): at 1 or above the
+  average grows without bound, below 0 it alternates sign. A traced value passes."""
+  if traced(value):
+    return
+  try:
+    ok = 0.0 <= float(value) < 1.0
+  except (TypeError, ValueError):
+    ok = False
+  if not ok:
+    raise ValueError(f"{who}: {name} must be in [0, 1), got {value!r}")
+
+
 def check_static(who: str, value: Any, name: str) -> None:
   """Raise ValueError in one line if ``value``, which sets the program's structure (a loop
   count), is an array rather than a Python number."""

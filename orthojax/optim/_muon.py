@@ -27,7 +27,7 @@ from optax.contrib import MuonDimensionNumbers
 from orthojax import linalg
 from orthojax.linalg import leaf_names, map_views, unzip, views_for
 from orthojax.manifolds import Stiefel
-from orthojax.optim._checks import check_rate, check_static
+from orthojax.optim._checks import check_decay, check_rate, check_static
 from orthojax.optim._riemannian import retract
 from orthojax.optim.execution.recorded import reads_recorded_views
 
@@ -120,6 +120,7 @@ def scale_by_muon(
     views: per-leaf matrix views (:func:`muon_dimension_numbers`); a leaf whose
       view is ``False`` passes through unchanged.
   """
+  check_decay("scale_by_muon", beta, "beta")
   options = dict(ns_coeffs=ns_schedule(ns_coeffs, ns_steps), ns_steps=ns_steps, beta=beta,
                  eps=eps, mu_dtype=mu_dtype, nesterov=nesterov, adaptive=adaptive,
                  preconditioning=preconditioning)
@@ -223,6 +224,8 @@ def muon(
     muon_weight_dimension_numbers: not taken: they are derived from ``views``.
   """
   check_rate("muon", learning_rate)
+  for name, value in (("beta", beta), ("adam_b1", adam_b1), ("adam_b2", adam_b2)):
+    check_decay("muon", value, name)
   if muon_weight_dimension_numbers != _FROM_VIEWS:
     raise ValueError("muon: pass views=..., not muon_weight_dimension_numbers (derived from them)")
   if adam_learning_rate is not None:
@@ -271,6 +274,7 @@ def stiefel_muon(
     views: per-leaf matrix views.
   """
   check_rate("stiefel_muon", learning_rate)
+  check_decay("stiefel_muon", beta, "beta")
   check_static("stiefel_muon", retraction_steps, "retraction_steps")
 
   def dims(params):

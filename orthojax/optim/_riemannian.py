@@ -32,7 +32,7 @@ import optax
 from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import Manifold, Stiefel
-from orthojax.optim._checks import check_matrices, traced
+from orthojax.optim._checks import check_decay, check_matrices, traced
 from orthojax.optim._scope import scoped
 from orthojax.optim.execution.recorded import reads_recorded_views
 
@@ -114,8 +114,7 @@ def riemannian_momentum(manifold: Manifold, momentum: float = 0.9, nesterov: boo
     :func:`project_to_tangent` before it).
   """
   _check_manifold(manifold, "riemannian_momentum")
-  if not traced(momentum) and not 0.0 <= momentum < 1.0:
-    raise ValueError(f"riemannian_momentum: momentum must be in [0, 1), got {momentum}")
+  check_decay("riemannian_momentum", momentum, "momentum")
 
   def init_fn(params):
     check_matrices("riemannian_momentum", params, views)
@@ -198,12 +197,9 @@ def scale_by_riemannian_adam(
     An ``optax.GradientTransformation``; expects Riemannian gradients.
   """
   _check_manifold(manifold, "scale_by_riemannian_adam")
-  # Plain numbers only: a traced one (optax.inject_hyperparams) is the caller's to check.
-  plain = lambda x: isinstance(x, (int, float))
-  for name, b in (("b1", b1), ("b2", b2)):
-    if plain(b) and not 0.0 <= b < 1.0:
-      raise ValueError(f"scale_by_riemannian_adam: {name} must be in [0, 1), got {b}")
-  if plain(eps) and not eps > 0.0:
+  check_decay("scale_by_riemannian_adam", b1, "b1")
+  check_decay("scale_by_riemannian_adam", b2, "b2")
+  if not traced(eps) and not eps > 0.0:
     raise ValueError(f"scale_by_riemannian_adam: eps must be > 0, got {eps}")
   if second_moment not in _SECOND_MOMENTS:
     raise ValueError(f"scale_by_riemannian_adam: unknown second_moment={second_moment!r}; "
