@@ -40,6 +40,7 @@ from flax.nnx.nn import dtypes
 from orthojax.linalg import MatrixView
 from orthojax.models._deep_mlp import DeepMLP
 from orthojax.nn import check_choice
+from orthojax.nn import check_positive_int
 from orthojax.nn import initializers
 from orthojax.nn import sharding
 
@@ -79,6 +80,10 @@ class DeepLinear(nnx.Module):
                out_features: int | None = None, *, init: str = "gaussian", scale: float = 1.0,
                dtype: Any = None, param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
     check_choice(init, self.INITS, "init", where="DeepLinear")
+    for name, size in (("width", width), ("in_features", in_features),
+                       ("out_features", out_features)):
+      if size is not None:
+        check_positive_int(size, name, where="DeepLinear")
     depth, width = int(depth), int(width)
     has_in = in_features is not None and int(in_features) != width
     has_out = out_features is not None and int(out_features) != width

@@ -72,6 +72,7 @@ from orthojax.nn import ObliqueParam
 from orthojax.nn import StiefelParam
 from orthojax.nn import activation_fn
 from orthojax.nn import check_choice
+from orthojax.nn import check_positive_int
 from orthojax.nn import initializers
 from orthojax.nn import sharding
 
@@ -228,6 +229,9 @@ class DeepMLP(nnx.Module):
     self.activation = activation_phi(activation, "DeepMLP")
     check_choice(init, self.INITS, "init", where="DeepMLP")
     check_choice(weights, self.WEIGHTS, "weights", where="DeepMLP")
+    for name, size in (("in_features", in_features), ("width", width),
+                       ("out_features", out_features)):
+      check_positive_int(size, name, where="DeepMLP")
     if int(depth) < 1:
       raise ValueError(f"DeepMLP: depth must be >= 1, got {depth}")
     depth, width = int(depth), int(width)

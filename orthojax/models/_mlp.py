@@ -35,6 +35,7 @@ from orthojax.models._variants import Unit
 from orthojax.models._variants import linear
 from orthojax.nn import WeightNormDense
 from orthojax.nn import check_choice
+from orthojax.nn import check_positive_int
 
 
 class MLP(nnx.Module):
@@ -81,6 +82,9 @@ class MLP(nnx.Module):
                gmp_init_direction: Any = "gaussian", gmp_init_radius: str = "one",
                momentum: float = 0.99, epsilon: float = 1e-3, rngs: nnx.Rngs):
     check_choice(variant, self.VARIANTS, "variant", where="MLP")
+    for name, size in (("in_features", in_features), ("hidden", hidden),
+                       ("out_features", out_features)):
+      check_positive_int(size, name, where="MLP")
     self.variant = variant
     self.hidden = Unit(variant, in_features, hidden, activation=activation, hidden_input=False,
                        kernel_init=kernel_init, gmp_init_direction=gmp_init_direction,

@@ -78,6 +78,7 @@ from orthojax.models._variants import check_conv_weights
 from orthojax.models._variants import linear
 from orthojax.models._variants import put_convs_on_stiefel
 from orthojax.nn import check_choice
+from orthojax.nn import check_positive_int
 
 _UNIT_VARIANT = {"bn": "bn", "wn_mbn": "wn_mbn", "gmp_imn": "gmp_imn", "none": "sp"}
 
@@ -187,6 +188,8 @@ class ResNet(nnx.Module):
                momentum: float = 0.9, weights: str = "euclidean", rngs: nnx.Rngs):
     check_choice(depth, tuple(LAYOUTS), "depth")
     check_choice(norm, self.NORMS, "norm", where="ResNet")
+    check_positive_int(num_classes, "num_classes", where="ResNet")
+    check_positive_int(in_features, "in_features", where="ResNet")
     check_conv_weights(weights, norm in ("bn", "none"), "ResNet")
     self.depth, self.norm, self.dtype = depth, norm, dtype
     variant = _UNIT_VARIANT[norm]

@@ -50,6 +50,7 @@ from orthojax import manifolds
 from orthojax.models._deep_mlp import activation_phi
 from orthojax.nn import StiefelParam
 from orthojax.nn import check_choice
+from orthojax.nn import check_positive_int
 from orthojax.nn import initializers
 from orthojax.nn import sharding
 
@@ -100,6 +101,9 @@ class SequenceRNN(nnx.Module):
                param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
     check_choice(recurrent_init, self.RECURRENT_INITS, "recurrent_init", where="SequenceRNN")
     check_choice(recurrent, self.RECURRENTS, "recurrent", where="SequenceRNN")
+    for name, size in (("input_size", input_size), ("hidden", hidden),
+                       ("num_classes", num_classes)):
+      check_positive_int(size, name, where="SequenceRNN")
     if recurrent == "stiefel" and recurrent_init != "orthogonal":
       raise ValueError("SequenceRNN: recurrent='stiefel' keeps the recurrent kernel orthonormal "
                        "(times gain); use recurrent_init='orthogonal'")

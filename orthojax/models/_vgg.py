@@ -65,6 +65,7 @@ from orthojax.models._variants import linear
 from orthojax.models._variants import put_convs_on_stiefel
 from orthojax.nn import WeightNormDense
 from orthojax.nn import check_choice
+from orthojax.nn import check_positive_int
 
 
 class VGG6(nnx.Module):
@@ -117,6 +118,8 @@ class VGG6(nnx.Module):
                momentum: float = 0.99, epsilon: float = 1e-3, weights: str = "euclidean",
                rngs: nnx.Rngs):
     check_choice(variant, self.VARIANTS, "variant", where="VGG6")
+    check_positive_int(num_classes, "num_classes", where="VGG6")
+    check_positive_int(in_features, "in_features", where="VGG6")
     check_conv_weights(weights, variant in ("sp", "bn"), "VGG6")
     self.variant, self.dtype = variant, dtype
     convs, cin = [], in_features

@@ -5,6 +5,7 @@ from orthojax.nn import sharding
 from orthojax.nn._activations import ACTIVATIONS
 from orthojax.nn._activations import activation_fn
 from orthojax.nn._checks import check_choice
+from orthojax.nn._checks import check_positive_int
 from orthojax.nn._constrained import ManifoldLinear
 from orthojax.nn._constrained import ManifoldParam
 from orthojax.nn._constrained import ObliqueParam
@@ -39,6 +40,7 @@ __all__ = [
     "activation_fn",
     "angles_to_direction",
     "check_choice",
+    "check_positive_int",
     "direction_to_angles",
     "initializers",
     "manifold_labels",

@@ -46,8 +46,10 @@ def check_choice(value: Any, choices: Sequence[Any], argname: str, *, where: str
   return value
 
 
-def check_positive_int(value: Any, argname: str) -> int:
-  """``value`` as an int if it is a positive integer (not a bool), else a ValueError."""
+def check_positive_int(value: Any, argname: str, *, where: str | None = None) -> int:
+  """``value`` as an int if it is a positive integer (not a bool); otherwise a ValueError
+  naming the argument (``[where: ]<argname> must be a positive integer, got <value!r>``)."""
   if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(f"{argname} must be a positive integer, got {value!r}")
+    prefix = f"{where}: " if where else ""
+    raise ValueError(f"{prefix}{argname} must be a positive integer, got {value!r}")
   return int(value)

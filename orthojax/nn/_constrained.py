@@ -49,7 +49,7 @@ from orthojax import manifolds
 from orthojax.linalg import MatrixView
 from orthojax.linalg import layout
 from orthojax.nn import sharding
-from orthojax.nn._checks import check_choice
+from orthojax.nn._checks import check_choice, check_positive_int
 
 
 class ManifoldParam(nnx.Param):
@@ -171,6 +171,8 @@ class ManifoldLinear(nnx.Module):
     kinds = {"stiefel": (manifolds.Stiefel, StiefelParam),
              "oblique": (manifolds.Oblique, ObliqueParam)}
     check_choice(manifold, sorted(kinds), "manifold", where="ManifoldLinear")
+    in_features = check_positive_int(in_features, "in_features", where="ManifoldLinear")
+    out_features = check_positive_int(out_features, "out_features", where="ManifoldLinear")
     manifold_cls, param_cls = kinds[manifold]
     kernel = manifold_cls().random(rngs.params(), (in_features, out_features), param_dtype)
     self.kernel = param_cls(kernel, **sharding.metadata(sharding.DENSE_KERNEL))

@@ -70,7 +70,7 @@ from orthojax.nn import _conv
 from orthojax.nn import _hyperspherical
 from orthojax.nn import sharding
 from orthojax.nn._activations import activation_fn
-from orthojax.nn._checks import check_choice
+from orthojax.nn._checks import check_choice, check_positive_int
 
 Initializer = Callable[[jax.Array, Sequence[int], Any], jax.Array]
 
@@ -241,6 +241,8 @@ class GmPDense(_GmPBase):
                param_dtype: Any = jnp.float32,
                precision: Any = None,
                rngs: nnx.Rngs):
+    in_features = check_positive_int(in_features, "in_features", where="GmPDense")
+    out_features = check_positive_int(out_features, "out_features", where="GmPDense")
     self.activation = activation_fn(activation)
     self.in_features = in_features
     self.out_features = out_features

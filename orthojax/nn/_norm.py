@@ -47,7 +47,7 @@ from jax import lax
 
 from orthojax.nn import _conv
 from orthojax.nn import sharding
-from orthojax.nn._checks import check_choice
+from orthojax.nn._checks import check_choice, check_positive_int
 
 Initializer = Callable[[jax.Array, Sequence[int], Any], jax.Array]
 
@@ -58,6 +58,7 @@ class _MeanCentering(nnx.Module):
   def __init__(self, num_features: int, *, momentum: float, axis: int,
                use_running_average: bool | None, use_bias: bool, bias_init: Initializer,
                dtype: Any, param_dtype: Any, axis_name: str | None, rngs: nnx.Rngs | None):
+    num_features = check_positive_int(num_features, "num_features", where=type(self).__name__)
     self.mean = nnx.BatchStat(jnp.zeros((num_features,), jnp.float32),
                               **sharding.metadata(sharding.BIAS))
     if use_bias:
@@ -237,8 +238,9 @@ class WeightNormDense(_WeightNorm):
                bias_init: Initializer = nnx.initializers.zeros,
                init_scale: str = "norm", epsilon: float = 1e-12, dtype: Any = None,
                param_dtype: Any = jnp.float32, precision: Any = None, rngs: nnx.Rngs):
-    self.in_features = in_features
-    self.out_features = out_features
+    self.in_features = check_positive_int(in_features, "in_features", where="WeightNormDense")
+    self.out_features = check_positive_int(out_features, "out_features",
+                                           where="WeightNormDense")
     self.dtype = dtype
     self.precision = precision
     self._init_params((in_features, out_features), use_bias=use_bias, kernel_init=kernel_init,
