@@ -6,6 +6,7 @@ steps from the same point, and compares the updates and the state
 (``oj.optim.replicated_state``) leaf by leaf.
 """
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -378,7 +379,6 @@ def test_on_the_nnx_optimizer_path_the_plan_follows_the_recorded_views():
   values: without ``views=``, the owners take the matrices the Variables record (a scanned
   transformer's stacked kernels; not its (L, d) norm scales, embedding or head), and
   the step equals the unsharded one."""
-  from flax import nnx  # pylint: disable=import-outside-toplevel
   mesh = _mesh(8)
   make = lambda: oj.models.TransformerLM(11, depth=2, width=8, heads=2, stiefel="attention",
                                          scale="output", rngs=nnx.Rngs(0))
