@@ -228,17 +228,8 @@ class Module:
     total is 10–30 % below XLA's on the steps here, so read the shares, not the
     absolute numbers.
     """
-    fused = set()
-    for body in self.computations.values():
-      for ins in body:
-        for kind, callees in _CALLEE.findall(ins.rest):
-          if ins.op == "fusion" or kind == "to_apply":
-            fused.update(_OPERAND.findall(callees))
     out: dict[str, float] = collections.defaultdict(float)
-    for name, body in self.computations.items():
-      count = self.runs.get(name, 0)
-      if not count or name in fused:
-        continue
+    for body, count in self._top_level():
       count = count if weighted else 1
       types = {ins.name: ins.type for ins in body}
       for ins in body:
@@ -260,17 +251,8 @@ class Module:
     ``"custom-call:<target>"``, else the op (``"cholesky"``, ``"copy"``, …). On a GPU
     each is one launch (at least); the count is what a step's fixed cost scales with.
     """
-    fused = set()
-    for body in self.computations.values():
-      for ins in body:
-        for kind, callees in _CALLEE.findall(ins.rest):
-          if ins.op == "fusion" or kind == "to_apply":
-            fused.update(_OPERAND.findall(callees))
     out: dict[str, int] = collections.defaultdict(int)
-    for name, body in self.computations.items():
-      count = self.runs.get(name, 0)
-      if not count or name in fused:
-        continue
+    for body, count in self._top_level():
       for ins in body:
         if ins.op in _NO_TRAFFIC or ins.op.endswith("-done"):
           continue
@@ -278,6 +260,20 @@ class Module:
           continue
         out[_kernel_kind(ins)] += count
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+  def _top_level(self) -> Iterable[tuple[list[Instruction], int]]:
+    """``(body, runs per step)`` of each computation that runs as its own kernels: not a
+    fusion's body nor a reduction's ``to_apply`` (those run inside their caller's kernel)."""
+    fused = set()
+    for body in self.computations.values():
+      for ins in body:
+        for kind, callees in _CALLEE.findall(ins.rest):
+          if ins.op == "fusion" or kind == "to_apply":
+            fused.update(_OPERAND.findall(callees))
+    for name, body in self.computations.items():
+      count = self.runs.get(name, 0)
+      if count and name not in fused:
+        yield body, count
 
   def _traffic(self, ins: Instruction, types: dict[str, str]) -> int:
     """Bytes one top-level instruction reads and writes. Slices read only the slice
