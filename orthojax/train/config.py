@@ -282,9 +282,12 @@ class Config:
     Euclidean group). A manifold group's is ``optimizer[group]["learning_rate"]``."""
     return self.optimizer.get("euclidean", {}).get("learning_rate", 0.0)
 
-  def validate(self, *, num_devices: int | None = None, num_processes: int = 1) -> "Config":
+  def validate(self, *, num_devices: int | None = None, num_processes: int = 1,
+               dataset: Any = None) -> "Config":
     """Check the ranges and choices of the trainer's keys (with ``num_devices``: the mesh
-    and the batch split too); raise :class:`ConfigError` naming the first bad one.
+    and the batch split too; with ``dataset``, the data's description — its ``task`` and
+    ``name``, ``orthojax.train.data.DatasetInfo`` — that the loss fits its task); raise
+    :class:`ConfigError` naming the first bad one.
 
     The registry sections (model, optimizer groups, penalty) and the data are checked by
     building them (``orthojax.train.program.check``), not here.
@@ -369,6 +372,8 @@ class Config:
         raise ConfigError(f"config.grad_accum_steps={self.grad_accum_steps}: batch_size="
                           f"{self.batch_size} must split into that many micro-batches of "
                           f"a multiple of {ways} devices")
+    if dataset is not None:
+      _check_loss(self, dataset)
     return self
 
 
@@ -387,6 +392,21 @@ def _check_mesh(config: Config, num_devices: int) -> None:
     raise ConfigError(f"{text}: a mesh of {known}{' x n' if fills else ''} devices "
                       f"cannot hold the {num_devices} devices; the axis sizes must multiply to "
                       f"{num_devices} (or set one to -1 to fill)")
+
+
+def _check_loss(config: Config, dataset: Any) -> None:
+  """The loss must fit the task: cross-entropy for classes, mse / mae for regression."""
+  classification = dataset.task == "classification"
+  if classification != (config.loss == "cross_entropy"):
+    want = "cross_entropy" if classification else "mse or mae"
+    if dataset.name == "user":   # fit's own batches: their y says which task it is
+      labels = ("int32 class labels" if classification else "float32 regression targets")
+      other = ("float32 targets" if classification else "int32 class labels")
+      loss = "'cross_entropy'" if classification else "'mse' or 'mae'"
+      raise ConfigError(f"config.loss={config.loss!r}: train_data's y are {labels}; set "
+                        f"loss={loss}, or give {other}")
+    raise ConfigError(f"config.loss={config.loss!r}: {dataset.name} is a {dataset.task} "
+                      f"task; use {want}")
 
 
 def _batch_ways(config: Config, num_devices: int) -> int:

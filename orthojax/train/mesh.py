@@ -16,11 +16,14 @@ names (a plain ``nnx.Linear`` kernel, BatchNorm scale) falls back to the
 big_vision FSDP heuristic: its largest axis divisible by the ``fsdp`` size is
 sharded, if it has at least ``min_fsdp_size`` entries. A logical axis whose
 dimension is not divisible by its mesh axes is replicated instead of failing.
+The same rules place the models' activations (:func:`with_activation_sharding`), and
+the train state's checkpointed form is laid out here too (:func:`saved_form`).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import math
 from typing import Any, Callable, Iterator, Sequence
@@ -37,6 +40,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from orthojax import optim as oj_optim
+from orthojax.nn import sharding as nn_sharding
 
 AXES = ("data", "fsdp", "model")
 BATCH_AXES = ("data", "fsdp")
@@ -203,6 +207,21 @@ def activation_resolver(mesh: Mesh, rules: Sequence[tuple[str, Any]] = DEFAULT_R
   return resolve
 
 
+def with_activation_sharding(fn: Callable[..., Any], mesh: Mesh,
+                             rules: Sequence[tuple[str, Any]] = DEFAULT_RULES
+                             ) -> Callable[..., Any]:
+  """``fn`` traced under ``mesh``'s activation rules (:func:`activation_resolver`), so
+  that the models' activations keep the batch's sharding
+  (``orthojax.nn.sharding.constrain``)."""
+  resolve = activation_resolver(mesh, rules)
+
+  @functools.wraps(fn)
+  def traced(*args, **kwargs):
+    with nn_sharding.activation_sharding(resolve):
+      return fn(*args, **kwargs)
+  return traced
+
+
 def _divisible(spec: tuple[Any, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
   out = []
   for axes, dim in zip(spec, shape):
@@ -289,3 +308,40 @@ def state_shardings(abstract_state: Any, abstract_params: Any, params_shardings:
 
   return jax.tree_util.tree_map_with_path(
       node, abstract_state, is_leaf=lambda x: isinstance(x, oj_optim.ShardedUpdateState))
+
+
+
+def saved_form(abstract_opt_state: Any, abstract_params: Any, params_shardings: Any,
+               state_sharding: Any, mesh: Mesh
+               ) -> tuple[Any, Callable[[Any], Any], Callable[[Any], Any]]:
+  """The train state as checkpoints hold it: its shardings and the conversions to and from it.
+
+  An owner-sharded optimizer state (:class:`orthojax.optim.ShardedUpdateState`) is saved in
+  the replicated layout (:func:`orthojax.optim.replicated_state`), so that a checkpoint
+  restores on any device count, with or without owner sharding.
+
+  Args:
+    abstract_opt_state: the optimizer state, abstract (``jax.eval_shape`` of ``tx.init``).
+    abstract_params: the pure parameter tree, abstract.
+    params_shardings: the parameters' shardings (:func:`param_shardings`).
+    state_sharding: the train state's shardings (a NamedTuple with an ``opt_state``).
+    mesh: the mesh.
+
+  Returns:
+    ``(saved_sharding, to_saved, from_saved)``: the saved state's shardings, a jitted
+    ``state -> saved state`` and its inverse onto ``state_sharding`` (all three the
+    identity's when nothing is owner-sharded).
+  """
+  is_sharded = lambda x: isinstance(x, oj_optim.ShardedUpdateState)
+  if not any(map(is_sharded, jax.tree.leaves(abstract_opt_state, is_leaf=is_sharded))):
+    return state_sharding, lambda state: state, lambda state: state
+  saved_opt = jax.eval_shape(oj_optim.replicated_state, abstract_opt_state)
+  saved_sharding = state_sharding._replace(
+      opt_state=state_shardings(saved_opt, abstract_params, params_shardings, mesh))
+  to_saved = jax.jit(
+      lambda s: s._replace(opt_state=oj_optim.replicated_state(s.opt_state)),
+      out_shardings=saved_sharding)
+  from_saved = jax.jit(
+      lambda s: s._replace(opt_state=oj_optim.sharded_state(s.opt_state, abstract_opt_state)),
+      out_shardings=state_sharding)
+  return saved_sharding, to_saved, from_saved

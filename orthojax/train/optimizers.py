@@ -45,8 +45,10 @@ from typing import Any, Callable
 
 import jax
 import optax
+from flax import nnx
 
 import orthojax as oj
+from orthojax.train import model_zoo
 from orthojax.train import registry
 from orthojax.train import schedules
 from orthojax.train.config import Config
@@ -125,6 +127,46 @@ def update_sharding(config: Config, mesh: Any) -> Shard:
   return functools.partial(oj.optim.shard_update, mesh=mesh,
                            split_above=config.mesh.split_above,
                            stripe_stacks=mesh.shape["fsdp"] > 1)
+
+
+OptimizerArg = optax.GradientTransformation | Callable[[Any], optax.GradientTransformation]
+"""A user's optimizer: an optax chain, or a function of the abstract model
+(``nnx.eval_shape`` of it: its Variable types and metadata, no arrays) that returns one —
+e.g. ``oj.optim.partition(model, stiefel=..., euclidean=...)`` routing by Variable type. A
+function that takes a ``shard`` keyword is given the run's wrapper
+(:func:`update_sharding`) to apply to its orthogonal parts."""
+
+
+def for_model(config: Config, abstract: Any, abs_params: Any, *, total_steps: int,
+              mesh: Any, optimizer: OptimizerArg | None = None
+              ) -> optax.GradientTransformation:
+  """The run's optimizer for the abstract model: the user's ``optimizer``
+  (:func:`user_optimizer`) or, when None, the chain ``config`` describes (:func:`build`)
+  with the groups, views, penalty mask and decay axes the model's Variables record; the
+  library's optimizers applied as ``config.mesh.shard_update`` says
+  (:func:`update_sharding`).
+
+  Args:
+    config: the run's config.
+    abstract: the abstract model (``nnx.eval_shape`` of its constructor).
+    abs_params: its ``nnx.Param`` state.
+    total_steps: for schedules.
+    mesh: the run's mesh.
+    optimizer: a user's optimizer, or None for the config's.
+
+  Raises:
+    ConfigError: one line naming the config key.
+  """
+  shard = update_sharding(config, mesh)
+  if optimizer is not None:
+    return user_optimizer(optimizer, abstract, shard)
+  labels = nnx.to_pure_dict(oj.nn.manifold_labels(abs_params))
+  if all(label == "euclidean" for label in jax.tree.leaves(labels)):
+    labels = None
+  return build(config, total_steps=total_steps, labels=labels,
+               views=nnx.to_pure_dict(oj.nn.matrix_views(abs_params)),
+               penalty_mask=model_zoo.penalty_mask(abstract, nnx.to_pure_dict(abs_params)),
+               axes=model_zoo.axes_by_path(abstract), shard=shard)
 
 
 def user_optimizer(optimizer: Any, abstract: Any, shard: Shard = unsharded

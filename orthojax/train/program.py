@@ -20,7 +20,6 @@ does the same for its LLM steps).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 from typing import Any, Callable, Sequence
@@ -41,17 +40,12 @@ from orthojax.train import optimizers
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
 from orthojax.train.data import DatasetInfo
+from orthojax.train.optimizers import OptimizerArg
 from orthojax.train.step import TrainState
 from orthojax.train.step import make_eval_step
 from orthojax.train.step import make_train_step
 
 ModelFn = Callable[[nnx.Rngs], nnx.Module]
-# An optax chain, or a function of the abstract model (``nnx.eval_shape`` of it:
-# its Variable types and metadata, no arrays) that returns one — e.g.
-# ``oj.optim.partition(model, stiefel=..., euclidean=...)`` routing by Variable type. A
-# function that takes a ``shard`` keyword is given the run's wrapper
-# (:func:`orthojax.train.optimizers.update_sharding`) to apply to its orthogonal parts.
-OptimizerArg = optax.GradientTransformation | Callable[[Any], optax.GradientTransformation]
 
 
 def _pure(state: nnx.State) -> Any:
@@ -231,7 +225,7 @@ def build_program(config: Config, info: DatasetInfo, *,
   devices = list(jax.devices() if devices is None else devices)
   if num_processes is None:
     num_processes = len({d.process_index for d in devices})
-  config.validate(num_devices=len(devices), num_processes=num_processes)
+  config.validate(num_devices=len(devices), num_processes=num_processes, dataset=info)
   mesh = mesh_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.model, devices,
                             num_slices=config.mesh.num_slices)
   eval_batch = config.eval_batch_size or config.batch_size
@@ -241,7 +235,6 @@ def build_program(config: Config, info: DatasetInfo, *,
                                 num_processes=num_processes)
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  _check_loss(config, info)
   steps_per_epoch = max(info.num_train // config.batch_size, 1)
   total_steps = config.num_steps or int(math.ceil(config.num_epochs * steps_per_epoch))
 
@@ -259,9 +252,8 @@ def build_program(config: Config, info: DatasetInfo, *,
   # ------------------------------------------------------------ Optimizer --
   # Owner-sharded updates (config.mesh.shard_update): the library's optimizers update
   # each matrix on one device, wrapped explicitly in oj.optim.shard_update.
-  shard = optimizers.update_sharding(config, mesh)
-  tx = _build_optimizer(config, optimizer, abstract, abs_params, pure_params, total_steps,
-                        shard)
+  tx = optimizers.for_model(config, abstract, abs_params, total_steps=total_steps, mesh=mesh,
+                            optimizer=optimizer)
 
   # ------------------------------------------------------------- Sharding --
   params_sh = mesh_lib.param_shardings(abs_params, mesh)
@@ -271,46 +263,37 @@ def build_program(config: Config, info: DatasetInfo, *,
                         model_state=mesh_lib.param_shardings(abs_rest, mesh),
                         opt_state=mesh_lib.state_shardings(abs_opt, pure_params, params_sh, mesh),
                         lr_scale=rep, first_nonfinite_step=rep, skipped_steps=rep)
-  saved_sh, to_saved, from_saved = _saved_form(abs_opt, pure_params, params_sh, state_sh, mesh)
-
-  def init() -> TrainState:
-    _, params, rest = nnx.split(build_model(), nnx.Param, ...)
-    return TrainState.create(_pure(params), _pure(rest), tx)
+  saved_sh, to_saved, from_saved = mesh_lib.saved_form(abs_opt, pure_params, params_sh,
+                                                        state_sh, mesh)
 
   # ---------------------------------------------------------------- Steps --
   loss_fn = losses_lib.get_loss(config.loss, config.label_smoothing)
   classification = info.task == "classification"
   dtype = model_zoo.compute_dtype(config)
+
+  def init() -> TrainState:
+    _, params, rest = nnx.split(build_model(), nnx.Param, ...)
+    return TrainState.create(_pure(params), _pure(rest), tx)
+
   step_fn = make_train_step(graphdef_train, tx, loss_fn, classification=classification,
                             compute_dtype=dtype, grad_accum_steps=config.grad_accum_steps,
                             nan_policy=config.nan_policy,
                             scale_updates=config.schedule == "plateau")
+  eval_fn = make_eval_step(graphdef_eval, loss_fn, classification=classification,
+                           compute_dtype=dtype)
   # The models' activations keep the batch's sharding (orthojax.nn.sharding.constrain).
-  step_fn = _with_activation_sharding(step_fn, mesh)
+  step_fn = mesh_lib.with_activation_sharding(step_fn, mesh)
+  eval_fn = mesh_lib.with_activation_sharding(eval_fn, mesh)
   batch_sh = mesh_lib.batch_sharding(mesh)
   train_step = jax.jit(step_fn, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, rep),
                        donate_argnums=0)
-  eval_step = jax.jit(_with_activation_sharding(
-                          make_eval_step(graphdef_eval, loss_fn, classification=classification,
-                                         compute_dtype=dtype), mesh),
-                      in_shardings=(state_sh, batch_sh), out_shardings=rep)
+  eval_step = jax.jit(eval_fn, in_shardings=(state_sh, batch_sh), out_shardings=rep)
   return Program(config=config, info=info, mesh=mesh, num_processes=num_processes,
                  total_steps=total_steps, steps_per_epoch=steps_per_epoch, tx=tx,
                  state_sharding=state_sh, init=jax.jit(init, out_shardings=state_sh),
                  train_step=train_step, eval_step=eval_step, step_fn=step_fn,
                  saved_sharding=saved_sh, to_saved=to_saved, from_saved=from_saved,
                  graphdef=graphdef_eval, defect=_defect_fn(abs_params, rep))
-
-
-def _with_activation_sharding(fn: Callable[..., Any], mesh: Mesh) -> Callable[..., Any]:
-  """``fn`` traced under the mesh's activation rules (:func:`mesh_lib.activation_resolver`)."""
-  resolve = mesh_lib.activation_resolver(mesh)
-
-  @functools.wraps(fn)
-  def traced(*args, **kwargs):
-    with oj.nn.sharding.activation_sharding(resolve):
-      return fn(*args, **kwargs)
-  return traced
 
 
 def _defect_fn(abs_params: Any, out_sharding: Any) -> Callable[[Any], Any] | None:
@@ -330,54 +313,6 @@ def _defect_fn(abs_params: Any, out_sharding: Any) -> Callable[[Any], Any] | Non
     return jnp.max(jnp.stack([v.astype(jnp.float32) for v in values]))
 
   return jax.jit(defect, out_shardings=out_sharding)
-
-
-def _build_optimizer(config: Config, optimizer: OptimizerArg | None, abstract: Any,
-                     abs_params: Any, pure_params: Any, total_steps: int,
-                     shard: optimizers.Shard) -> optax.GradientTransformation:
-  if optimizer is None:
-    labels = _pure(oj.nn.manifold_labels(abs_params))
-    if all(label == "euclidean" for label in jax.tree.leaves(labels)):
-      labels = None
-    return optimizers.build(config, total_steps=total_steps, labels=labels,
-                            views=_pure(oj.nn.matrix_views(abs_params)),
-                            penalty_mask=model_zoo.penalty_mask(abstract, pure_params),
-                            axes=model_zoo.axes_by_path(abstract),
-                            shard=shard)
-  return optimizers.user_optimizer(optimizer, abstract, shard)
-
-
-def _saved_form(abs_opt: Any, pure_params: Any, params_sh: Any, state_sh: TrainState,
-                mesh: Mesh) -> tuple[TrainState, Callable[..., Any], Callable[..., Any]]:
-  """Shardings of the checkpointed state and the conversions to and from it."""
-  is_sharded = lambda x: isinstance(x, oj.optim.ShardedUpdateState)
-  if not any(map(is_sharded, jax.tree.leaves(abs_opt, is_leaf=is_sharded))):
-    return state_sh, lambda state: state, lambda state: state
-  saved_opt = jax.eval_shape(oj.optim.replicated_state, abs_opt)
-  saved_sh = state_sh._replace(
-      opt_state=mesh_lib.state_shardings(saved_opt, pure_params, params_sh, mesh))
-  to_saved = jax.jit(
-      lambda s: s._replace(opt_state=oj.optim.replicated_state(s.opt_state)),
-      out_shardings=saved_sh)
-  from_saved = jax.jit(
-      lambda s: s._replace(opt_state=oj.optim.sharded_state(s.opt_state, abs_opt)),
-      out_shardings=state_sh)
-  return saved_sh, to_saved, from_saved
-
-
-def _check_loss(config: Config, info: Any) -> None:
-  """The loss must fit the task: cross-entropy for classes, mse / mae for regression."""
-  classification = info.task == "classification"
-  if classification != (config.loss == "cross_entropy"):
-    want = "cross_entropy" if classification else "mse or mae"
-    if info.name == "user":   # fit's own batches: their y says which task it is
-      labels = ("int32 class labels" if classification else "float32 regression targets")
-      other = ("float32 targets" if classification else "int32 class labels")
-      loss = "'cross_entropy'" if classification else "'mse' or 'mae'"
-      raise ConfigError(f"config.loss={config.loss!r}: train_data's y are {labels}; set "
-                        f"loss={loss}, or give {other}")
-    raise ConfigError(f"config.loss={config.loss!r}: {info.name} is a {info.task} task; "
-                      f"use {want}")
 
 
 @dataclasses.dataclass(frozen=True)
