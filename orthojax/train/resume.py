@@ -12,8 +12,9 @@ what gives it away, and the trainer refuses to resume it (a new workdir starts a
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from orthojax.train import data as data_lib
 from orthojax.train import registry
@@ -63,22 +64,29 @@ def earlier_layout(saved: Mapping[str, Any]) -> str | None:
 
 
 def resume_differences(saved: Mapping[str, Any], config: Config,
-                       recorded: Mapping[str, Any] | None = None) -> list[str]:
+                       recorded: Mapping[str, Any] | None = None, *,
+                       allowed: Iterable[str] | None = None,
+                       against: str = "checkpoint") -> list[str]:
   """``config.key=value (checkpoint: value)`` for each key that may not change on resume.
 
   ``saved``: the checkpoint's recorded config, in today's layout (:func:`earlier_layout`
   is None). ``recorded``: what the run trains when it is not all in ``config`` (a
   :func:`orthojax.train.fit` run: its model and optimizer objects, described by
-  :mod:`orthojax.train.fingerprint`); default ``config.to_dict()``.
+  :mod:`orthojax.train.fingerprint`); default ``config.to_dict()``. ``allowed``: the keys
+  that may differ, ``fnmatch`` patterns (default :data:`RESUMABLE_KEYS`, with
+  :data:`LENGTH_KEYS` under a constant or plateau schedule); ``against``: what ``saved``
+  is called in the lines (a finished run's record is compared the same way).
   """
   recorded = config.to_dict() if recorded is None else dict(recorded)
   now, then = flatten(_with_defaults(recorded)), flatten(_with_defaults(dict(saved)))
-  allowed = set(RESUMABLE_KEYS)
-  if config.schedule in ("constant", "plateau"):
-    allowed |= set(LENGTH_KEYS)
+  if allowed is None:
+    allowed = RESUMABLE_KEYS + (LENGTH_KEYS if config.schedule in ("constant", "plateau")
+                                else ())
+  allowed = tuple(allowed)
   keys = sorted(set(now) | set(then))
-  return [f"config.{k}={now.get(k)!r} (checkpoint: {then.get(k)!r})" for k in keys
-          if k not in allowed and now.get(k) != then.get(k)]
+  return [f"config.{k}={now.get(k)!r} ({against}: {then.get(k)!r})" for k in keys
+          if now.get(k) != then.get(k)
+          and not any(fnmatch.fnmatchcase(k, pattern) for pattern in allowed)]
 
 
 def _with_defaults(tree: dict[str, Any]) -> dict[str, Any]:
