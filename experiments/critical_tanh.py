@@ -240,8 +240,8 @@ class CriticalTanh(_harness.Experiment):
     self.later = sorted({e for e in _EPOCHS.value if e > 0})   # 0: the init stage's record
     runs = plan(base, _Q_STARS.value, _KINDS.value, _harness.num_seeds(5), self.later)
     self.included, self.included_notes = _harness.included_records(
-        flags.FLAGS.include_workdirs, runs, experiment=self.name, label=self.label,
-        unit="network")
+        flags.FLAGS.include_workdirs, runs, config=base, experiment=self.name,
+        label=self.label, unit="network")
     self.cells = {rates_lib.cell(_q_label(q), kind): (q, kind)
                   for q in _Q_STARS.value for kind in _KINDS.value}
     self.rates, self.rates_source = _harness.given_rates(
@@ -290,7 +290,7 @@ class CriticalTanh(_harness.Experiment):
       return rates_lib.probe_cell(base, q, _q_label(q), kind, base.workdir, run_config)
 
     return _harness.probe_cells(base.workdir, list(self.cells), probe_cell,
-                                rule=rates_lib.rule())
+                                rule=rates_lib.rule(), config=base)
 
   def at_rates(self, run):
     """``run``'s config at its cell's probed rates (as configured without rates)."""

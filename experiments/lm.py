@@ -255,6 +255,7 @@ class LanguageModel(_harness.Experiment):
                         f"TransformerLM")
 
   def plan(self, base, info):
+    reported = base   # the report's config (results.json), which included workdirs match
     if _PRESET.value:
       base = apply_preset(base, _PRESET.value)
     self.base, self.info = base, info
@@ -270,7 +271,8 @@ class LanguageModel(_harness.Experiment):
                                 final_eval_splits=("validation", "test"))
         runs.append(_harness.Run(tags=(("arm", arm), ("seed", seed)), config=config))
     self.included, self.included_notes = _harness.included_records(
-        flags.FLAGS.include_workdirs, runs, experiment=self.name, label=self.label, unit="run")
+        flags.FLAGS.include_workdirs, runs, config=reported, experiment=self.name,
+        label=self.label, unit="run")
     self.probed: dict[str, Any] = {}
     return runs
 
@@ -293,7 +295,7 @@ class LanguageModel(_harness.Experiment):
   def train(self, base, runs, info):
     if "probe" in self.stages:
       self.rates, self.rates_source = _harness.probe_cells(
-          base.workdir, self.cells, self.probe_cell, rule=self.probe_rule())
+          base.workdir, self.cells, self.probe_cell, rule=self.probe_rule(), config=self.base)
     if "train" not in self.stages:
       return []
     return [self.execute(dataclasses.replace(run, config=self.at_rates(run)), base.workdir)

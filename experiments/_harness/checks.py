@@ -8,9 +8,12 @@ import sys
 from typing import Any, Callable, Mapping, NoReturn, Sequence
 
 from absl import flags
+from etils import epath
 import jax
 
 from experiments._harness import cli
+from experiments._harness import fingerprints
+from experiments._harness import runs as runs_lib
 from experiments._harness.runs import Run
 from orthojax.compile import aot
 from orthojax.compile import topology
@@ -70,7 +73,8 @@ def prepare(runs: Sequence[Run], base: Config, workdir: str) -> None:
   experiment in one line before any run trains, naming the run it belongs to. Then
   ``--config_help`` prints the config and exits 0 — it fails exactly where the run
   would — and ``--compile_for`` compiles the programs for the topology
-  (:func:`compile_runs`) and exits.
+  (:func:`compile_runs`) and exits. Otherwise the runs that finished in ``workdir`` are
+  checked to be of their configs (:func:`check_finished`).
   """
   if not cli.compile_only():   # compile_runs builds the same programs on the topology's chips
     for run in distinct_programs(runs):
@@ -80,6 +84,23 @@ def prepare(runs: Sequence[Run], base: Config, workdir: str) -> None:
     raise SystemExit(0)
   if cli.compile_only():
     compile_runs(runs, workdir)
+  if workdir:
+    cli.fail_on_config_error(lambda: check_finished(runs, workdir))
+
+
+def check_finished(runs: Sequence[Run], workdir: str) -> None:
+  """Before any run trains: each run of ``runs`` that finished in ``workdir`` is of its
+  config (:mod:`.fingerprints`; a ConfigError naming the keys that differ). The learning
+  rates are left to :func:`~experiments._harness.runs.execute`, which checks each run in
+  full when it comes to it: an experiment's train stage may still set them (per cell,
+  from a probe)."""
+  for run in runs:
+    path = epath.Path(runs_lib.result_path(run, workdir))
+    if path.exists():
+      fingerprints.check_finished_run(
+          json.loads(path.read_text()), run.directory(workdir),
+          run.config.replace(workdir=run.directory(workdir)),
+          allowed=fingerprints.FINISHED_KEYS + fingerprints.RATES)
 
 
 def _check_run(run: Run, name_it: bool) -> None:

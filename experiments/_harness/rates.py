@@ -8,9 +8,11 @@ E8: an optimizer arm), named like a run by its tags (:func:`cell_name`). The pro
 (:func:`~experiments._harness.probe.probe_groups`) — and writes
 ``<workdir>/probe/rates.json``::
 
-    {**rule, "cells": {cell: {"rates": {group: rate}, "probes": {group: {...}}}}}
+    {**rule, "fingerprint": {...}, "cells": {cell: {"rates": {group: rate},
+                                                    "probes": {group: {...}}}}}
 
-where ``rule`` holds the probe's parameters (E5: its epochs and ``--probe_widen``). The
+where ``rule`` holds the probe's parameters (E5: its epochs and ``--probe_widen``) and
+``fingerprint`` the config the trials are made from (:mod:`.fingerprints`). The
 train stage trains each run at its cell's rates (:func:`with_rates`), from that file or
 from ``--rates_from=<a probe's workdir or its rates.json>`` (:func:`given_rates`).
 Per-cell rates replace the config's learning rates, so setting one of those too is an
@@ -27,6 +29,7 @@ from absl import flags
 from etils import epath
 
 from experiments._harness import cli
+from experiments._harness import fingerprints
 from experiments._harness import runs as runs_lib
 from experiments._harness.runs import Run
 from orthojax.train.config import Config
@@ -71,12 +74,15 @@ def probe_trial(run: Run, workdir: str, metric: str, *, verbose: bool = False) -
 
 
 def probe_cells(workdir: str, cells: Sequence[str], probe_cell: Callable[[str], dict[str, Any]],
-                *, rule: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+                *, rule: Mapping[str, Any], config: Config) -> tuple[dict[str, Any], str]:
   """The probe stage: ``probe_cell(cell)`` of each cell, into ``<workdir>/probe/rates.json``.
 
   The file is written after each cell, so an interrupted probe keeps what it found (and
-  ``probe_cell``'s trials, read back, make the rerun cheap). Cells already in the file
-  that are not probed now are kept when the file's ``rule`` is this one.
+  ``probe_cell``'s trials, read back, make the rerun cheap; each trial is a run, reused
+  only for its own config). Cells already in the file that are not probed now are kept
+  when the file's ``rule`` is this one and its fingerprint is ``config``'s; a kept cell of
+  another config (or of a file from before the check) is refused in one line before any
+  trial (:mod:`.fingerprints`).
 
   Args:
     workdir: the experiment's workdir.
@@ -84,15 +90,20 @@ def probe_cells(workdir: str, cells: Sequence[str], probe_cell: Callable[[str], 
     probe_cell: a cell's entry, ``{"rates": {group: rate}, "probes": {...}}``
       (:func:`~experiments._harness.probe.probe_groups`).
     rule: the probe's parameters, written beside the cells.
+    config: the config the probe's trials are made from (the experiment's base); its
+      fingerprint is written beside the cells.
 
   Returns:
     The file's contents and its path.
   """
   path = os.path.join(workdir, RATES_FILE)
-  rates = {**rule, "cells": {}}
+  rates = {**rule, fingerprints.KEY: fingerprints.fingerprint(config), "cells": {}}
   if epath.Path(path).exists():
     earlier = json.loads(epath.Path(path).read_text())
     if all(earlier.get(key) == value for key, value in rule.items()):
+      kept = [c for c in earlier.get("cells", {}) if c not in cells]
+      if kept:
+        cli.fail_on_config_error(lambda: _check_kept(path, kept, earlier, config))
       rates["cells"] = earlier.get("cells", {})
   for i, cell in enumerate(cells):
     entry = probe_cell(cell)
@@ -102,6 +113,20 @@ def probe_cells(workdir: str, cells: Sequence[str], probe_cell: Callable[[str], 
     if cli.is_writer():
       runs_lib.write_json(path, rates)
   return rates, path
+
+
+def _check_kept(path: str, kept: Sequence[str], earlier: Mapping[str, Any],
+                config: Config) -> None:
+  """Refuse (a ConfigError) the cells ``kept`` from ``earlier`` (the file at ``path``)
+  unless its fingerprint is ``config``'s."""
+  diff = fingerprints.differences(earlier.get(fingerprints.KEY), config, against="probe")
+  cell = f"{path}: its probe of {', '.join(kept)}"
+  if isinstance(diff, str):
+    raise ConfigError(f"{cell} {diff}; probe it again here (--stages=probe) or use a new "
+                      f"--workdir")
+  if diff:
+    raise ConfigError(f"{cell} is of another config: {', '.join(diff)}; probe it again "
+                      f"here (--stages=probe) or use a new --workdir")
 
 
 # --------------------------------------------------------------- The file --

@@ -15,15 +15,17 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from absl import flags
 from etils import epath
 
 from experiments._harness import cli
+from experiments._harness import fingerprints
 from experiments._harness import report
 from experiments._harness import runs as runs_lib
 from experiments._harness.runs import Run
+from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
 
 
@@ -68,14 +70,22 @@ def define_include_flag() -> None:
                     "runs join this report's rows, notes and plots.")
 
 
-def included_records(workdirs: Sequence[str], own: Sequence[Run], *, experiment: str,
-                     label: str, unit: str = "run") -> tuple[list[dict[str, Any]], list[str]]:
+def included_records(workdirs: Sequence[str], own: Sequence[Run], *, config: Config,
+                     experiment: str, label: str,
+                     unit: str = "run") -> tuple[list[dict[str, Any]], list[str]]:
   """The finished training records of ``workdirs`` and each one's training note.
+
+  An included workdir is of this report's config: its report's config (``results.json``)
+  is ``config`` but for where it ran, how it logged and saved, and the optimizers'
+  learning rates (each workdir may train its networks at its own rates; its note says
+  which), and each of its runs carries its fingerprint (:mod:`.fingerprints`: a run
+  recorded before the check cannot be told to be that workdir's).
 
   Args:
     workdirs: ``--include_workdirs``: each a finished report (``results.json``) of
       ``experiment`` whose runs lie in ``<workdir>/runs/<tags>/result.json``.
     own: this invocation's runs; the included runs have as many tags.
+    config: this invocation's base config (its report's).
     experiment: the experiment's module name, ``results.json``'s ``experiment``.
     label: the experiment in messages (``"E5"``).
     unit: what a run is called in messages (``"network"``).
@@ -86,17 +96,23 @@ def included_records(workdirs: Sequence[str], own: Sequence[Run], *, experiment:
     (by convention the training note: data, model, optimizers and rates).
 
   Raises:
-    ConfigError: a workdir without a finished report, a report of another experiment,
-      or a run (its tags) in two workdirs, or in a workdir and this one.
+    ConfigError: a workdir without a finished report, a report of another experiment
+      or of another config, a run without its fingerprint, or a run (its tags) in two
+      workdirs, or in a workdir and this one.
   """
   flag = f"--include_workdirs={','.join(workdirs)}"
   records, notes, seen = [], [], {run.name for run in own}
   depth = len(own[0].tags) if own else 1
   for workdir in workdirs:
     results = _finished_report(workdir, flag, experiment, label)
+    _check_included_config(results, workdir, flag, config)
     found = sorted(epath.Path(workdir).glob("/".join(["runs", *["*"] * depth, "result.json"])))
     for path in found:
       record = json.loads(path.read_text())
+      if fingerprints.run_fingerprint(record, str(path.parent)) is None:
+        raise ConfigError(f"{flag}: {path.parent}: its finished run predates the config "
+                          f"check (no config recorded with it); include workdirs trained "
+                          f"since, or train it again in a new workdir")
       name = Run(tuple(record["tags"].items()), None).name
       if name in seen:
         raise ConfigError(f"{flag}: {unit} {name} is in {workdir} and in another workdir of "
@@ -106,6 +122,25 @@ def included_records(workdirs: Sequence[str], own: Sequence[Run], *, experiment:
     if found:
       notes.append(f"included from {workdir}: {results['notes'][0]}")
   return records, notes
+
+
+INCLUDED_KEYS = fingerprints.FINISHED_KEYS + fingerprints.RATES
+"""Keys an included workdir's config may differ in: a finished run's, and the learning
+rates (each workdir's training note names its optimizers and rates)."""
+
+
+def _check_included_config(results: Mapping[str, Any], workdir: str, flag: str,
+                           config: Config) -> None:
+  """Refuse (a ConfigError) an included report whose config is not ``config``
+  (:data:`INCLUDED_KEYS` may differ)."""
+  diff = fingerprints.differences(results.get("config"), config, against=workdir,
+                                  allowed=INCLUDED_KEYS)
+  if isinstance(diff, str):
+    raise ConfigError(f"{flag}: the report in {workdir} {diff}; include workdirs trained "
+                      f"since")
+  if diff:
+    raise ConfigError(f"{flag}: {workdir} was run with another config: {', '.join(diff)}; "
+                      f"include workdirs of this config")
 
 
 def _finished_report(workdir: str, flag: str, experiment: str, label: str) -> dict[str, Any]:

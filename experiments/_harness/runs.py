@@ -14,6 +14,7 @@ from typing import Any, Callable
 from etils import epath
 
 from experiments._harness import cli
+from experiments._harness import fingerprints
 from orthojax.train import metrics as metrics_lib
 from orthojax.train import trainer
 from orthojax.train.config import Config
@@ -82,16 +83,21 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
   time and ``extra(result)`` — an experiment's own numbers computed from the
   :class:`~orthojax.train.trainer.TrainResult` (e.g. spectra of the final
   weights; a ``"headline"`` string there replaces the metrics in the
-  one-line summary). A run whose ``result.json`` exists is not trained again.
+  one-line summary) and the run's fingerprint (:mod:`.fingerprints`). A run whose
+  ``result.json`` exists is not trained again: it is read back when its fingerprint is
+  this config's, else refused in one line naming the keys that differ (exit 2).
 
   ``print_fn(line)`` takes the console lines: the run's summary, its resume and
   checkpoint notices, and with ``verbose`` every line of the run (the trainer's
   ``print_fn``).
   """
 
+  config = run.config.replace(workdir=run.directory(workdir))
   done = result_path(run, workdir)
   if epath.Path(done).exists():
     record = json.loads(epath.Path(done).read_text())
+    cli.fail_on_config_error(lambda: fingerprints.check_finished_run(
+        record, run.directory(workdir), config))
     print_fn(f"  {run.name}: done earlier ({_summary(record)})")
     return record
 
@@ -101,8 +107,7 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
 
   start_time = time.perf_counter()
   result = cli.fail_on_config_error(lambda: trainer.train(
-      run.config.replace(workdir=run.directory(workdir)), hooks=run.hooks, devices=run.devices,
-      print_fn=quiet))
+      config, hooks=run.hooks, devices=run.devices, print_fn=quiet))
   count_sitting(workdir)
   if result.preempted:
     print(f"preempted during {run.name}: checkpoint saved; rerun the same command to resume "
@@ -117,6 +122,7 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
       **{split_record_key(split): metrics for split, metrics in result.split_metrics.items()},
       "best": result.best_eval,
       **(extra(result) if extra else {}),
+      fingerprints.KEY: fingerprints.fingerprint(config),
   }
   if cli.is_writer():
     write_json(done, record)
