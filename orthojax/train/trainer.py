@@ -71,10 +71,10 @@ from orthojax.train import mesh as mesh_lib
 from orthojax.train import metrics as metrics_lib
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
+from orthojax.train.optimizers import OptimizerArg
 from orthojax.train.optimizers import user_optimizer
 from orthojax.train.program import CompiledProgram
 from orthojax.train.program import ModelFn
-from orthojax.train.program import OptimizerArg
 from orthojax.train.program import Program
 from orthojax.train.program import build_program
 from orthojax.train.program import compile_program
@@ -359,6 +359,11 @@ class Loop:
     record: what the run trains, for ``config.json``, the checkpoints and the resume
       check: the config (default), or what :func:`fit` was given
       (:mod:`orthojax.train.fingerprint`).
+
+  The run's console lines go through two callables named after the logging levels they
+  use by default: ``_log_info`` (progress, resume, plateau, early stopping, preemption,
+  the end; INFO) and ``_log_warning`` (a line that needs action; WARNING). Both are
+  ``print_fn`` when it is given.
   """
 
   def __init__(self, program: Program, source: inputs.Input, hooks: tuple[Hook, ...] = (),
@@ -368,8 +373,8 @@ class Loop:
     self.record = record if record is not None else config.to_dict()
     self.source = source
     self.hooks = hooks
-    self.print = _LOG.info if print_fn is None else print_fn
-    self.warn = _LOG.warning if print_fn is None else print_fn   # a line that needs action
+    self._log_info = _LOG.info if print_fn is None else print_fn
+    self._log_warning = _LOG.warning if print_fn is None else print_fn
     self.watch, self.higher_is_better = (("top1", True) if program.classification
                                          else ("loss", False))
     # XLA:CPU runs each simulated device's part of a program on a shared thread
@@ -405,7 +410,7 @@ class Loop:
     """
     if self.compiled is not None:
       raise RuntimeError("a Loop runs once; build another for the next run")
-    with WorkdirLock(self.config.workdir, self.print):   # before anything is read or written
+    with WorkdirLock(self.config.workdir, self._log_info):   # before anything is read or written
       try:
         self._start()
         return self._loop()
@@ -436,7 +441,7 @@ class Loop:
     latest = None
     if self.checkpointer:
       try:
-        latest = self.checkpointer.latest_intact_step(self.warn)
+        latest = self.checkpointer.latest_intact_step(self._log_warning)
       except ValueError as e:
         raise ConfigError(f"config.workdir={self.config.workdir!r}: {e}") from None
     self.restored = latest is not None
@@ -464,7 +469,7 @@ class Loop:
     if self.best_state is not None:
       self.best_state = self.program.from_saved(self.best_state)
     self.loop = LoopState.from_meta(meta)
-    self.print(f"Resumed from {self.checkpointer.directory} at step {latest}")
+    self._log_info(f"Resumed from {self.checkpointer.directory} at step {latest}")
     return state
 
   # ---------------------------------------------------------------- Input --
@@ -565,19 +570,20 @@ class Loop:
       lr_scale = jax.device_put(self.state.lr_scale * config.plateau_factor,
                                 self.program.state_sharding.lr_scale)
       self.state = self.state._replace(lr_scale=lr_scale)
-      self.print(f"Plateau: learning rate x{float(lr_scale):.3g}")
+      self._log_info(f"Plateau: learning rate x{float(lr_scale):.3g}")
     stop = bool(config.early_stopping_patience
                 and self.loop.evals_since_best >= config.early_stopping_patience)
     if stop:
-      self.print(f"Early stopping at step {step}: no improvement in {self.watch} for "
-                 f"{config.early_stopping_patience} evals (best at step {self.loop.best_step})")
+      self._log_info(f"Early stopping at step {step}: no improvement in {self.watch} for "
+                     f"{config.early_stopping_patience} evals (best at step "
+                     f"{self.loop.best_step})")
     return stop
 
   # ----------------------------------------------------------------- Loop --
 
   def _loop(self) -> TrainResult:
     config, total = self.config, self.program.total_steps
-    writer = metrics_lib.MetricsWriter(config.workdir or None, total, print_fn=self.print,
+    writer = metrics_lib.MetricsWriter(config.workdir or None, total, print_fn=self._log_info,
                                        resume_step=self.step if self.restored else None)
     train_metrics: dict[str, float] = {}
     preempted = stopped_early = False
@@ -611,7 +617,8 @@ class Loop:
             self._save()
           if preempted:
             self.checkpointer.wait()
-            self.print(f"Preempted: saved step {self.step}; rerun the same command to resume.")
+            self._log_info(f"Preempted: saved step {self.step}; rerun the same command to "
+                           f"resume.")
             break
       self._check_finite()
       elapsed = time.perf_counter() - start_time
@@ -634,11 +641,12 @@ class Loop:
     """Say once when the manifold parameters have left their manifold."""
     if defect > DEFECT_TOLERANCE and not self.defect_warned:
       self.defect_warned = True
-      self.warn(f"Warning: at step {self.step} the parameters on a manifold (StiefelParam, "
-                 f"ObliqueParam) are {float(defect):.3g} from it (largest defect, tolerance "
-                 f"{DEFECT_TOLERANCE:g}): their optimizer does not keep them there (Muon or "
-                 f"a Euclidean one?); use radam, rsgd, cayley_adam, landing or stiefel_muon "
-                 f"to keep them, or plain parameters if drifting is intended")
+      self._log_warning(f"Warning: at step {self.step} the parameters on a manifold "
+                        f"(StiefelParam, ObliqueParam) are {float(defect):.3g} from it "
+                        f"(largest defect, tolerance {DEFECT_TOLERANCE:g}): their optimizer "
+                        f"does not keep them there (Muon or a Euclidean one?); use radam, "
+                        f"rsgd, cayley_adam, landing or stiefel_muon to keep them, or plain "
+                        f"parameters if drifting is intended")
 
   def _hook_due(self, step: int) -> bool:
     """Whether ``config.hooks`` schedules the hooks after ``step`` updates."""
@@ -665,14 +673,14 @@ class Loop:
     final = self.state
     if config.restore_best and self.best_state is not None:
       final = self.best_state
-      self.print(f"Restored the best state (step {self.loop.best_step}) for the final "
-                 f"evaluation")
+      self._log_info(f"Restored the best state (step {self.loop.best_step}) for the final "
+                     f"evaluation")
     eval_metrics = self._evaluate(final)
     if eval_metrics:
       eval_metrics = writer.write(self.step, eval_metrics, "eval")
     split_metrics = {split: writer.write(self.step, self._evaluate(final, split), split)
                      for split in config.final_eval_splits}
     skipped = int(jax.device_get(self.state.skipped_steps))
-    self.print(f"Done: {self.step} steps in {elapsed:.1f} s"
-               + (f" ({skipped} non-finite updates skipped)" if skipped else ""))
+    self._log_info(f"Done: {self.step} steps in {elapsed:.1f} s"
+                   + (f" ({skipped} non-finite updates skipped)" if skipped else ""))
     return eval_metrics, split_metrics
