@@ -122,11 +122,10 @@ def _check_kept(path: str, kept: Sequence[str], earlier: Mapping[str, Any],
   diff = fingerprints.differences(earlier.get(fingerprints.KEY), config, against="probe")
   cell = f"{path}: its probe of {', '.join(kept)}"
   if isinstance(diff, str):
-    raise ConfigError(f"{cell} {diff}; probe it again here (--stages=probe) or use a new "
-                      f"--workdir")
+    raise ConfigError(f"{cell} {diff}; use a new --workdir")
   if diff:
-    raise ConfigError(f"{cell} is of another config: {', '.join(diff)}; probe it again "
-                      f"here (--stages=probe) or use a new --workdir")
+    raise ConfigError(f"{cell} is of another config: {', '.join(diff)}; probe with that "
+                      f"config or use a new --workdir")
 
 
 # --------------------------------------------------------------- The file --
