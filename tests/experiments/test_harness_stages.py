@@ -84,11 +84,12 @@ def test_the_probe_writes_rates_that_the_train_stage_reads_back(tmp_path, capsys
   found, path = rates.probe_cells(str(tmp_path), ["arm=adamw", "arm=muon"],
                                   lambda cell: probed.append(cell) or _entry(
                                       {"arm=adamw": 1e-3, "arm=muon": 2e-2}[cell]),
-                                  rule={"steps": 50, "widen": 0})
+                                  rule={"steps": 50, "widen": 0}, config=_CONFIG)
   assert probed == ["arm=adamw", "arm=muon"]
   assert path == str(tmp_path / "probe" / "rates.json")
   assert json.loads((tmp_path / "probe" / "rates.json").read_text()) == found
-  assert list(found) == ["steps", "widen", "cells"]
+  assert list(found) == ["steps", "widen", "fingerprint", "cells"]
+  assert found["fingerprint"] == _CONFIG.to_dict()
   assert "probe 2/2 arm=muon: euclidean lr 0.02" in capsys.readouterr().out
   # --rates_from=<workdir> or its rates.json: the same rates, each run's config at them.
   for source in (str(tmp_path), path):
@@ -103,18 +104,47 @@ def test_the_probe_writes_rates_that_the_train_stage_reads_back(tmp_path, capsys
   assert rates.given_rates(None, ("train",), ["arm=muon"]) == (None, None)
 
 
+def _probe(workdir, cells, rate, rule, config=_CONFIG):
+  return rates.probe_cells(str(workdir), cells, lambda c: _entry(rate), rule=rule,
+                           config=config)
+
+
 def test_a_probe_keeps_other_cells_only_under_the_same_rule(tmp_path):
-  rates.probe_cells(str(tmp_path), ["arm=adamw"], lambda c: _entry(1e-3), rule={"widen": 0})
-  same, _ = rates.probe_cells(str(tmp_path), ["arm=muon"], lambda c: _entry(2e-2),
-                              rule={"widen": 0})
+  _probe(tmp_path, ["arm=adamw"], 1e-3, {"widen": 0})
+  same, _ = _probe(tmp_path, ["arm=muon"], 2e-2, {"widen": 0},
+                   _CONFIG.replace(log_every=7))   # how it logs may differ
   assert list(same["cells"]) == ["arm=adamw", "arm=muon"]
-  other, _ = rates.probe_cells(str(tmp_path), ["arm=muon"], lambda c: _entry(2e-2),
-                               rule={"widen": 3})
+  other, _ = _probe(tmp_path, ["arm=muon"], 2e-2, {"widen": 3})
   assert list(other["cells"]) == ["arm=muon"]
 
 
+def test_a_probe_cell_recorded_for_another_config_is_refused(tmp_path, capsys):
+  """A cell the probe would keep (not probed now) from another config, or from a file
+  written before the check: one line and exit 2 before any trial; the file stays."""
+  _probe(tmp_path, ["arm=adamw", "arm=muon"], 1e-3, {"widen": 0})
+  path = tmp_path / "probe" / "rates.json"
+  saved = path.read_text()
+  with pytest.raises(SystemExit) as exit_:
+    rates.probe_cells(str(tmp_path), ["arm=adamw"], lambda c: pytest.fail("probed"),
+                      rule={"widen": 0}, config=_CONFIG.replace(model={"hidden": 8}))
+  assert exit_.value.code == 2 and path.read_text() == saved
+  assert capsys.readouterr().err.strip() == (
+      f"error: {path}: its probe of arm=muon is of another config: config.model.hidden=8 "
+      f"(probe: 4); probe with that config or use a new --workdir")
+  # Every earlier cell probed again: each trial is a run, checked on its own.
+  again, _ = _probe(tmp_path, ["arm=adamw", "arm=muon"], 2e-3, {"widen": 0},
+                    _CONFIG.replace(model={"hidden": 8}))
+  assert again["fingerprint"]["model"]["hidden"] == 8
+  earlier = json.loads(saved)
+  del earlier["fingerprint"]
+  path.write_text(json.dumps(earlier))
+  with pytest.raises(SystemExit):
+    _probe(tmp_path, ["arm=adamw"], 1e-3, {"widen": 0})
+  assert "its probe of arm=muon predates the config check" in capsys.readouterr().err
+
+
 def test_a_missing_cell_or_file_is_one_line_saying_what_to_run(tmp_path):
-  rates.probe_cells(str(tmp_path), ["arm=adamw"], lambda c: _entry(1e-3), rule={})
+  _probe(tmp_path, ["arm=adamw"], 1e-3, {})
   with pytest.raises(ConfigError) as err:
     rates.read_rates(str(tmp_path), ["arm=adamw", "arm=muon"], hint="--stages=probe --arms=muon")
   path = tmp_path / "probe" / "rates.json"
@@ -168,25 +198,31 @@ def test_rates_notes_name_the_source_the_rule_and_each_probe():
 
 # ----------------------------------------------------------- Included runs --
 
-def _finished(workdir, experiment, *tags):
-  """A workdir with a finished report of ``experiment`` and a record per tags."""
+def _finished(workdir, experiment, *tags, config=_CONFIG):
+  """A workdir with a finished report of ``experiment`` (its config ``config``) and a
+  record per tags."""
   for arm, seed in tags:
     run = _run(arm, seed)
-    runs.write_json(runs.result_path(run, str(workdir)), {"tags": dict(run.tags), "v": seed})
+    runs.write_json(runs.result_path(run, str(workdir)),
+                    {"tags": dict(run.tags), "v": seed, "fingerprint": _CONFIG.to_dict()})
   runs.write_json(str(workdir / "results.json"),
-                  {"experiment": experiment, "notes": [f"training note of {workdir.name}"]})
+                  {"experiment": experiment, "notes": [f"training note of {workdir.name}"],
+                   "config": config.replace(workdir=str(workdir)).to_dict()})
 
 
 def test_included_workdirs_bring_their_runs_and_their_training_note(tmp_path):
   _finished(tmp_path / "a", "lm", ("muon", 1), ("muon", 0))
   _finished(tmp_path / "b", "lm", ("stiefel", 0))
+  _finished(tmp_path / "b", "lm", ("stiefel", 0),   # at its own rates
+            config=_CONFIG.replace(optimizer={"euclidean": {"learning_rate": 0.5}}))
   got, notes = records.included_records([str(tmp_path / "a"), str(tmp_path / "b")],
-                                        [_run("adamw", 0)], experiment="lm", label="E8")
+                                        [_run("adamw", 0)], config=_CONFIG, experiment="lm",
+                                        label="E8")
   assert [r["tags"] for r in got] == [{"arm": "muon", "seed": 0}, {"arm": "muon", "seed": 1},
                                       {"arm": "stiefel", "seed": 0}]
   assert notes == [f"included from {tmp_path / 'a'}: training note of a",
                    f"included from {tmp_path / 'b'}: training note of b"]
-  assert records.included_records([], [_run("adamw", 0)], experiment="lm",
+  assert records.included_records([], [_run("adamw", 0)], config=_CONFIG, experiment="lm",
                                   label="E8") == ([], [])
 
 
@@ -196,17 +232,25 @@ def test_included_workdirs_bring_their_runs_and_their_training_note(tmp_path):
     ("own", "arm arm=muon/seed=0 is in {a} and in another workdir"),
     ("missing", "{none} has no finished E8 report (results.json)"),
     ("other", "{c} holds 'critical_tanh', not an E8 (lm) run"),
+    ("config", "{d} was run with another config: config.model.hidden=4 ({d}: 8); include "
+               "workdirs of this config"),
+    ("predates", "{e}/runs/arm=muon/seed=2: its finished run predates the config check"),
 ])
 def test_included_workdirs_refuse_a_run_twice_and_other_reports(tmp_path, case, message):
-  a, b, c, none = (tmp_path / n for n in ("a", "b", "c", "none"))
+  a, b, c, d, e, none = (tmp_path / n for n in ("a", "b", "c", "d", "e", "none"))
   _finished(a, "lm", ("muon", 0))
   _finished(b, "lm", ("muon", 0))
   _finished(c, "critical_tanh", ("muon", 1))
+  _finished(d, "lm", ("muon", 1), config=_CONFIG.replace(model={"hidden": 8}))
+  _finished(e, "lm", ("muon", 1))
+  runs.write_json(runs.result_path(_run("muon", 2), str(e)), {"tags": {"arm": "muon",
+                                                                       "seed": 2}})
   workdirs, own = {"duplicate": ([a, b], []), "own": ([a], [_run("muon", 0)]),
-                   "missing": ([a, none], []), "other": ([c], [])}[case]
+                   "missing": ([a, none], []), "other": ([c], []), "config": ([d], []),
+                   "predates": ([e], [])}[case]
   with pytest.raises(ConfigError) as err:
     records.included_records([str(w) for w in workdirs], own or [_run("adamw", 0)],
-                             experiment="lm", label="E8", unit="arm")
+                             config=_CONFIG, experiment="lm", label="E8", unit="arm")
   text = str(err.value)
   assert text.startswith(f"--include_workdirs={','.join(map(str, workdirs))}: ")
-  assert message.format(a=a, b=b, none=none, c=c) in text and "\n" not in text
+  assert message.format(a=a, b=b, none=none, c=c, d=d, e=e) in text and "\n" not in text
