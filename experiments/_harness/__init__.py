@@ -13,9 +13,9 @@ An experiment module (``experiments/uci.py``, …) carries only its science, as 
    setting it belongs to; each distinct program is built abstractly before any run
    trains (:mod:`.checks`);
 3. :func:`execute` trains each run in ``<workdir>/runs/<tags>/`` (a finished
-   run is read back instead of retrained, an unfinished one resumes from its
-   checkpoint — rerunning the same command continues an interrupted
-   experiment; :mod:`.runs`);
+   run is read back instead of retrained, and only for the config that produced it
+   (:mod:`.fingerprints`); an unfinished one resumes from its checkpoint — rerunning the
+   same command continues an interrupted experiment; :mod:`.runs`);
 4. it turns the records into :class:`Row` s — a setting, a metric, our
    values over seeds/splits, the paper's number — and :func:`write_report`
    writes ``results.json`` and ``report.md`` and prints the table (:mod:`.report`,

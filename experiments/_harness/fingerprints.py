@@ -31,6 +31,12 @@ started again — stands in for it; a run without one (or one in an earlier layo
 be told to be this config's and is refused: a new workdir trains it afresh, and the old
 one stays as it is. Refusing rather than trusting it is the point of the check: a
 report built on another config's numbers is wrong without any sign of it.
+
+Not checked: the records a stage measures without training
+(:func:`~experiments._harness.records.cached_record`, E5's diagnostics at initialisation),
+which depend on the network and the data alone and are meant to be copied between
+workdirs of different training flags (``critical_tanh_init.flags``' workdir into the
+training flagfiles').
 """
 
 from __future__ import annotations
@@ -103,4 +109,3 @@ def check_finished_run(record: Mapping[str, Any], run_dir: str, config: Config, 
   if diff:
     raise ConfigError(f"{run_dir}: its finished run{step} is of another config: "
                       f"{', '.join(diff)}; rerun with that config or use a new --workdir")
-
