@@ -40,12 +40,15 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import dataset_builder as _tfds_builder
+from tensorflow_datasets.core.download import resource as _tfds_resource
 
+from orthojax.train.data import _reachable
 from orthojax.train.data._info import DatasetNotFoundError
 from orthojax.train.data._tf import tf
 
@@ -91,6 +94,9 @@ def prepared_builder(name: str, data_dir: str | None, *, download: bool = True,
         f"`{build_command(name, root)}` on a machine with internet access and copy "
         f"{root}/{name.split('/')[0]} here, or drop download=False.")
   try:
+    blocked = _reachable.unreachable(_pending_urls(builder))
+    if blocked:   # fail now, not after tfds' retries (3 min 24 s)
+      raise ConnectionError(f"cannot reach {blocked}")
     builder.download_and_prepare()
   except Exception as e:  # offline, missing optional packages, ...
     raise DatasetNotFoundError(
@@ -98,6 +104,26 @@ def prepared_builder(name: str, data_dir: str | None, *, download: bool = True,
         f"{type(e).__name__}: {e}. Run `{build_command(name, root)}` on a machine with "
         f"internet access and copy {root}/{name.split('/')[0]} to this data_dir.") from e
   return builder
+
+
+def _pending_urls(builder: tfds.core.DatasetBuilder) -> list[str]:
+  """The URLs of ``builder``'s checksums file that ``download_and_prepare`` would fetch:
+  those not already in its download directory (``<root>/downloads[/<name>]``, under
+  tfds' name for the file) nor, by file name, in ``downloads/manual``. Empty where tfds
+  records no URLs for the set, or its layout is not the one read here (then tfds is left
+  to find out itself)."""
+  try:
+    downloads = os.path.join(_root(builder), "downloads")
+    pending = []
+    for url, info in (builder.url_infos or {}).items():
+      name = _tfds_resource.get_dl_fname(url, info.checksum)
+      places = [os.path.join(downloads, name), os.path.join(downloads, builder.name, name),
+                os.path.join(downloads, "manual", info.filename or name)]
+      if not any(os.path.exists(p) for p in places):
+        pending.append(url)
+    return pending
+  except Exception:  # pylint: disable=broad-except  (tfds internals moved: no probe)
+    return []
 
 
 def _readable(builder: tfds.core.DatasetBuilder) -> bool:
