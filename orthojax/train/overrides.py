@@ -13,10 +13,16 @@ previous ones left (:func:`apply_all`):
   ``manifold``, ``kernel_init``, ``bias_init``, ``scale_init``, ``optimizer`` sections) —
   refills the section: the new constructor's keywords at their defaults, and
   the keys the file set (those not at the old constructor's default) where the new
-  constructor takes them. Later
+  constructor takes them. A keyword the old constructor takes too but the file left
+  out of the section stays out (an experiment sets it per run; left out, it builds
+  with its default all the same). Later
   overrides then set its keywords. Keywords whose default is None or not a
   plain value (a function, an object) are left out; the trainer supplies
   what only it knows (``rngs``, the model's ``views``, …).
+* **Naming a data set** — ``--config.data.name=tfds_text`` — is the same rule: the
+  data section is refilled with that set's options
+  (:func:`orthojax.train.data.default_options`) and ``data_dir``, keeping the keys the
+  file set where the new set takes them; ``--config.data.tfds_name=…`` then sets one.
 * **Creating a section**: a section that is None or absent in the file is
   created by naming its constructor (``--config.optimizer.oblique.name=radam``);
   a section with one constructor (``penalty``) also by setting one of its
@@ -38,17 +44,21 @@ import copy
 import difflib
 from typing import Any, Mapping, MutableMapping, Sequence
 
+from orthojax.train import data
 from orthojax.train import registry
 from orthojax.train.config import GROUPS
 from orthojax.train.config import renamed
 from orthojax.train.config import ConfigError
 
-SECTIONS = {"model": "model", "penalty": "penalty",
+SECTIONS = {"model": "model", "data": "data", "penalty": "penalty",
             **{f"optimizer.{group}": "optimizer" for group in GROUPS}}
-"""Sections by their dotted key, and the registry each names from. A nested key named
-after a registry (``manifold``, ``kernel_init``, …) is one too."""
+"""Sections by their dotted key, and the registry each names from (``data``: the data
+sets of :data:`orthojax.train.data.DATASETS`). A nested key named after a registry
+(``manifold``, ``kernel_init``, …) is one too."""
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+_VALUES = (bool, int, float, str)   # defaults a refilled section takes
+_PLAIN = _VALUES + (type(None),)    # defaults a config can hold
 
 
 def split(argument: str) -> tuple[str, str]:
@@ -106,15 +116,39 @@ def apply(tree: MutableMapping[str, Any], key: str, text: str) -> None:
   elif last in parent:
     parent[last] = _parse(parent[last], text, last)
   elif kind is not None:
-    _, fn = registry.resolve_name(kind, parent, "config." + ".".join(path[:-1]))
-    accepted = registry.keywords(fn)
+    name = parent.get("name", registry.DEFAULT_NAMES.get(kind))
+    accepted = _keys(kind, name, "config." + ".".join(path[:-1]))
     if last not in accepted:
+      noun = "option" if kind == "data" else "keyword"
       settable = [k for k in accepted if k not in registry.SUPPLIED_KEYWORDS]
-      raise ConfigError(f"cannot set it ({parent.get('name', fn.__name__)} takes no keyword "
-                        f"{last!r}; its keywords are {', '.join(settable)})")
-    parent[last] = _parse(accepted[last].default, text, last)
+      raise ConfigError(f"cannot set it ({name} takes no {noun} {last!r}; its {noun}s are "
+                        f"{', '.join(settable)})")
+    parent[last] = _parse(accepted[last], text, last)
   else:
     raise ConfigError(_no_such_key(parent, last))
+
+
+def _names(kind: str) -> list[str]:
+  """The names a section of ``kind`` may give."""
+  return sorted(data.DATASETS if kind == "data" else registry.REGISTRIES[kind])
+
+
+def _keys(kind: str, name: str | None, key: str) -> dict[str, Any]:
+  """The keys a ``kind`` section naming ``name`` may hold, in order, each with its default
+  (``inspect.Parameter.empty`` where there is none): a constructor's keywords, or a data
+  set's options and ``data_dir``.
+
+  Raises:
+    ConfigError: ``name`` is missing or unknown (the message lists the choices).
+  """
+  if kind != "data":
+    _, fn = registry.resolve_name(kind, {} if name is None else {"name": name}, key)
+    return {k: p.default for k, p in registry.keywords(fn).items()}
+  if name not in data.DATASETS:
+    state = "missing" if name is None else f"{name!r}: unknown"
+    raise ConfigError(f"{key}.name{'' if name is None else '='}{state}; choose one of "
+                      f"{', '.join(_names(kind))}")
+  return {"data_dir": "", **data.default_options(name)}
 
 
 def _kind(path: Sequence[str]) -> str | None:
@@ -149,7 +183,7 @@ def _parent(tree: MutableMapping[str, Any], path: Sequence[str], creating: bool
     naming = creating and depth == len(path) - 2
     default = registry.DEFAULT_NAMES.get(kind)
     if not naming and default is None:
-      names = sorted(registry.REGISTRIES[kind])
+      names = _names(kind)
       choices = (f"one of {', '.join(names)}" if len(names) <= 12 else
                  f"from the {len(names)} that --config_help lists")
       raise ConfigError(f"cannot set it ({dotted} is not in the config; name its constructor "
@@ -159,31 +193,38 @@ def _parent(tree: MutableMapping[str, Any], path: Sequence[str], creating: bool
   return node
 
 
-def _filled(kind: str, name: str, old: Mapping[str, Any]) -> dict[str, Any]:
-  """``name``'s section, keywords in its signature's order: ``old``'s value where ``name``
-  takes the key, else the plain non-None default."""
-  _, fn = registry.resolve_name(kind, {"name": name}, f"config.{kind}")
-  defaults = registry.with_defaults(kind, {"name": name})
+def _filled(kind: str, name: str, old: Mapping[str, Any],
+            left_out: Sequence[str] = ()) -> dict[str, Any]:
+  """``name``'s section, keys in its signature's (options') order: ``old``'s value where
+  ``name`` takes the key, else the plain non-None default unless the key is ``left_out``."""
   out = {"name": name}
-  for k in registry.keywords(fn):
+  for k, default in _keys(kind, name, f"config.{kind}").items():
     if k in old:
       out[k] = old[k]
-    elif defaults.get(k) is not None and k not in registry.SUPPLIED_KEYWORDS:
-      out[k] = defaults[k]
+    elif (isinstance(default, _VALUES) and k not in registry.SUPPLIED_KEYWORDS
+          and k not in left_out):
+      out[k] = default
   return out
 
 
 def _refill(section: MutableMapping[str, Any], kind: str, name: str, key: str) -> None:
   """Switch ``section`` to constructor ``name``. The keys that carry over are those the
   file set: a key at the old constructor's own default (a config file writes every
-  keyword out) gives way to the new constructor's default."""
-  registry.resolve_name(kind, {"name": name}, key)   # unknown: the list of choices
-  old = dict(section)
+  keyword out) gives way to the new constructor's default. A key the old constructor
+  takes but the section leaves out was left out on purpose (E8 sets ``data.eval_split``
+  per run and refuses it in the config): it is not added back."""
+  _keys(kind, name, key)   # unknown: the list of choices
+  old, left_out = dict(section), []
   if "name" in old:
-    unset = registry.with_defaults(kind, {"name": old["name"]})
-    old = {k: v for k, v in old.items() if k not in unset or unset[k] != v or k == "name"}
+    try:
+      unset = _keys(kind, old["name"], key)
+    except ConfigError:   # the file's own name is unknown: keep all it set
+      unset = {}
+    left_out = [k for k in unset if k not in old]
+    old = {k: v for k, v in old.items() if k == "name" or k not in unset
+           or not isinstance(unset[k], _PLAIN) or unset[k] != v}
   section.clear()
-  section.update(_filled(kind, name, old))
+  section.update(_filled(kind, name, old, left_out))
 
 
 def _parse(current: Any, text: str, key: str) -> Any:

@@ -6,6 +6,7 @@ import pytest
 
 import orthojax as oj
 
+from orthojax.train import data
 from orthojax.train import overrides
 from orthojax.train import registry
 from orthojax.train.config import Config
@@ -59,9 +60,9 @@ def test_overrides_do_not_touch_the_input_and_apply_in_order():
 
 def test_naming_a_constructor_refills_the_section_with_its_defaults():
   tree = apply("--config.optimizer.euclidean.name=sgd")
-  # sgd's keywords at their defaults, the file's learning_rate kept, adam's b1 / eps_root gone.
-  assert tree["optimizer"]["euclidean"] == {"name": "sgd", "learning_rate": 1e-3,
-                                            "nesterov": False}
+  # The file's learning_rate kept, adam's b1 / eps_root gone; nesterov, which adam takes
+  # too, stays out as the file left it (sgd builds with its default all the same).
+  assert tree["optimizer"]["euclidean"] == {"name": "sgd", "learning_rate": 1e-3}
   tree = apply("--config.optimizer.euclidean.name=adamw")
   section = tree["optimizer"]["euclidean"]
   assert section["b1"] == 0.8 and section["eps_root"] == 0.0   # the file's, adamw takes them
@@ -171,3 +172,50 @@ def test_supplied_keywords_are_never_put_into_a_refilled_section():
   assert not {"rngs", "dtype", "param_dtype", "num_classes"} & set(tree["model"])
   tree = apply("--config.optimizer.stiefel.name=muon")
   assert "views" not in tree["optimizer"]["stiefel"]
+
+
+# ------------------------------------------------------------------- Data --
+
+# A data section as experiments/configs/_base.data writes it (every option), less the key
+# E8 sets per run (eval_split), with the file's own context.
+TEXT = {"data": {"name": "shakespeare", "data_dir": "",
+                 **{k: v for k, v in data.default_options("shakespeare").items()
+                    if k != "eval_split"}, "context": 64}}
+
+
+def test_naming_a_data_set_refills_the_data_section_with_its_options():
+  tree = overrides.apply_all(TEXT, ["--config.data.name=tfds_text",
+                                    "--config.data.tfds_name=my_text_set",
+                                    "--config.data.text_key=body"])
+  section = tree["data"]
+  assert section["name"] == "tfds_text"
+  assert section["tfds_name"] == "my_text_set" and section["text_key"] == "body"
+  assert section["context"] == 64                  # the file's, tfds_text takes it
+  assert section["level"] == "char"                # the default
+  assert "eval_split" not in section               # left out by the file: stays out
+  config = Config.from_dict(tree)
+  assert data.check_options("tfds_text", config.options)["tfds_name"] == "my_text_set"
+
+
+def test_a_data_set_of_another_kind_drops_the_options_it_does_not_take():
+  tree = overrides.apply_all(TEXT, ["--config.data.name=mnist", "--config.data.view=pixel"])
+  assert tree["data"] == {"name": "mnist", "data_dir": "",
+                          **data.default_options("mnist"), "view": "pixel"}
+  tree = overrides.apply_all({"data": {"name": "digits"}}, ["--config.data.flatten=true"])
+  assert tree["data"] == {"name": "digits", "flatten": True}   # typed from the option
+
+
+@pytest.mark.parametrize("arguments,message", [
+    (("--config.data.name=tfds_text", "--config.data.text_field=body"),
+     "--config.data.text_field=body: cannot set it (tfds_text takes no option 'text_field'; "
+     "its options are data_dir, tfds_name, text_key, context, level, "),
+    (("--config.data.tfds_name=x",), "--config.data.tfds_name=x: cannot set it (shakespeare "
+                                     "takes no option 'tfds_name'; its options are data_dir, "),
+    (("--config.data.name=tfds_txt",), "config.data.name='tfds_txt': unknown; choose one of "),
+    (("--config.data.context=abc",), "cannot set it (context is an integer)"),
+])
+def test_a_bad_data_override_is_one_line_naming_it(arguments, message):
+  with pytest.raises(ConfigError) as e:
+    overrides.apply_all(TEXT, arguments)
+  text = str(e.value)
+  assert "\n" not in text and message in text, text
