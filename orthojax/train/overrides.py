@@ -21,7 +21,7 @@ previous ones left (:func:`apply_all`):
   what only it knows (``rngs``, the model's ``views``, …).
 * **Naming a data set** — ``--config.data.name=tfds_text`` — is the same rule: the
   data section is refilled with that set's options
-  (:func:`orthojax.train.data.default_options`) and ``data_dir``, keeping the keys the
+  (``orthojax.train.data.default_options``) and ``data_dir``, keeping the keys the
   file set where the new set takes them; ``--config.data.tfds_name=…`` then sets one.
 * **Creating a section**: a section that is None or absent in the file is
   created by naming its constructor (``--config.optimizer.oblique.name=radam``);
@@ -53,7 +53,7 @@ from orthojax.train.config import ConfigError
 SECTIONS = {"model": "model", "data": "data", "penalty": "penalty",
             **{f"optimizer.{group}": "optimizer" for group in GROUPS}}
 """Sections by their dotted key, and the registry each names from (``data``: the data
-sets of :data:`orthojax.train.data.DATASETS`). A nested key named after a registry
+sets of ``orthojax.train.data.DATASETS``). A nested key named after a registry
 (``manifold``, ``kernel_init``, …) is one too."""
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
