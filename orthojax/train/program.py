@@ -255,18 +255,8 @@ def build_program(config: Config, info: DatasetInfo, *,
   tx = optimizers.for_model(config, abstract, abs_params, total_steps=total_steps, mesh=mesh,
                             optimizer=optimizer)
 
-  # ------------------------------------------------------------- Sharding --
-  params_sh = mesh_lib.param_shardings(abs_params, mesh)
-  rep = mesh_lib.replicated(mesh)
-  abs_opt = jax.eval_shape(tx.init, pure_params)
-  state_sh = TrainState(step=rep, params=params_sh,
-                        model_state=mesh_lib.param_shardings(abs_rest, mesh),
-                        opt_state=mesh_lib.state_shardings(abs_opt, pure_params, params_sh, mesh),
-                        lr_scale=rep, first_nonfinite_step=rep, skipped_steps=rep)
-  saved_sh, to_saved, from_saved = mesh_lib.saved_form(abs_opt, pure_params, params_sh,
-                                                        state_sh, mesh)
-
   # ---------------------------------------------------------------- Steps --
+  # Pure functions of arrays: the state before the first step, one update, one evaluation.
   loss_fn = losses_lib.get_loss(config.loss, config.label_smoothing)
   classification = info.task == "classification"
   dtype = model_zoo.compute_dtype(config)
@@ -281,6 +271,18 @@ def build_program(config: Config, info: DatasetInfo, *,
                             scale_updates=config.schedule == "plateau")
   eval_fn = make_eval_step(graphdef_eval, loss_fn, classification=classification,
                            compute_dtype=dtype)
+
+  # ------------------------------------------------------------- Sharding --
+  # Where every array lives on the mesh, and the steps jitted for it.
+  params_sh = mesh_lib.param_shardings(abs_params, mesh)
+  rep = mesh_lib.replicated(mesh)
+  abs_opt = jax.eval_shape(tx.init, pure_params)
+  state_sh = TrainState(step=rep, params=params_sh,
+                        model_state=mesh_lib.param_shardings(abs_rest, mesh),
+                        opt_state=mesh_lib.state_shardings(abs_opt, pure_params, params_sh, mesh),
+                        lr_scale=rep, first_nonfinite_step=rep, skipped_steps=rep)
+  saved_sh, to_saved, from_saved = mesh_lib.saved_form(abs_opt, pure_params, params_sh,
+                                                        state_sh, mesh)
   # The models' activations keep the batch's sharding (orthojax.nn.sharding.constrain).
   step_fn = mesh_lib.with_activation_sharding(step_fn, mesh)
   eval_fn = mesh_lib.with_activation_sharding(eval_fn, mesh)
