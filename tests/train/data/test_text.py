@@ -88,6 +88,13 @@ def _corpus(data_dir: str, **options) -> text.Corpus:
       "context": CONTEXT, **options}), data_dir)
 
 
+def _whole(data_dir: str) -> str:
+  """The prepared corpus' text."""
+  with open(os.path.join(text_sources.corpus_dir(data_dir), "corpus.txt"),
+            encoding="utf-8") as f:
+    return f.read()
+
+
 def _train(data_dir, k, **kw):
   it = data.train_batches("shakespeare", data_dir=data_dir,
                           **{"context": CONTEXT, "batch_size": 4, "seed": 0, "process_index": 0,
@@ -168,14 +175,15 @@ def test_default_data_dir_follows_tfds(monkeypatch, tmp_path):
   monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
   assert text_sources.corpus_dir(None) == os.path.join(str(tmp_path), "text", "shakespeare")
   monkeypatch.delenv("TFDS_DATA_DIR")
-  assert text_sources.corpus_dir(None) == os.path.expanduser("~/tensorflow_datasets/text/shakespeare")
+  assert text_sources.corpus_dir(None) == os.path.expanduser(
+      "~/tensorflow_datasets/text/shakespeare")
 
 
 # ---------------------------------------------------- Windows and splits --
 
 def test_splits_are_consecutive_by_position_with_the_fractions(data_dir):
   corpus = _corpus(data_dir, validation_fraction=0.1, test_fraction=0.2)
-  whole = open(os.path.join(text_sources.corpus_dir(data_dir), "corpus.txt"), encoding="utf-8").read()
+  whole = _whole(data_dir)
   n = len(whole)
   sizes = {s: b - a for s, (a, b) in corpus.bounds.items()}
   assert sizes == {"train": n - round(0.1 * n) - round(0.2 * n), "validation": round(0.1 * n),
@@ -243,7 +251,7 @@ def test_eval_split_test_makes_eval_read_the_test_split(data_dir):
 
 def test_byte_level_has_256_tokens_and_round_trips(data_dir):
   corpus = _corpus(data_dir, level="byte")
-  whole = open(os.path.join(text_sources.corpus_dir(data_dir), "corpus.txt"), encoding="utf-8").read()
+  whole = _whole(data_dir)
   assert corpus.vocab_size == 256 and corpus.vocabulary is None
   assert len(corpus.tokens) == len(whole.encode("utf-8")) > len(whole)   # "é" is 2 bytes
   assert corpus.decode(corpus.tokens) == whole
@@ -320,7 +328,7 @@ def test_corpus_info_is_json_and_records_what_was_trained_on(data_dir):
   recorded = text.corpus_info("shakespeare", data_dir=data_dir, context=CONTEXT)
   assert json.loads(json.dumps(recorded)) == recorded
   corpus = _corpus(data_dir)
-  whole = open(os.path.join(text_sources.corpus_dir(data_dir), "corpus.txt"), encoding="utf-8").read()
+  whole = _whole(data_dir)
   assert recorded["vocabulary"] == corpus.vocabulary and recorded["vocab_size"] == len(
       set(whole))
   assert recorded["tokens"]["validation"] == round(0.05 * len(whole))
