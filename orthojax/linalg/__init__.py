@@ -22,14 +22,12 @@ from orthojax.linalg._qr import cholesky_qr2
 from orthojax.linalg._qr import qr_orthonormalize
 from orthojax.linalg._skew import skew
 from orthojax.linalg._skew import sym
+from orthojax.linalg._tree import BUCKETS
 from orthojax.linalg._tree import RecordedViews
-from orthojax.linalg._tree import bucketing
-from orthojax.linalg._tree import current_recorded_views
 from orthojax.linalg._tree import leaf_names
 from orthojax.linalg._tree import map_views
 from orthojax.linalg._tree import mask_for
 from orthojax.linalg._tree import recorded_views
-from orthojax.linalg._tree import recording
 from orthojax.linalg._tree import unzip
 from orthojax.linalg._tree import variable_values
 from orthojax.linalg._tree import views_for

@@ -6,11 +6,11 @@ same-structured trees), giving it each leaf's matrix view. ``views`` may be:
 * None — the views the tree *records*, else inferred: where ``params`` holds
   Flax NNX Variables (what ``nnx.Optimizer(model, tx, wrt=nnx.Param)`` hands
   ``tx.init``), each Variable's ``matrix_view`` metadata (:func:`recorded_views`);
-  where it holds bare arrays (what ``tx.update`` gets, or a plain parameter
-  dict), the views :func:`recording` has made current — a transformation
-  initialised on Variables keeps them in its state and makes them current in
-  ``update`` (``orthojax.optim``'s ``RecordedViewsState``); any leaf left
-  without one is inferred (:func:`infer_view`: 2-D Dense, 4-D conv);
+  any leaf without one (bare arrays: what ``tx.update`` gets, or a plain parameter
+  dict) is inferred (:func:`infer_view`: 2-D Dense, 4-D conv);
+* a :class:`RecordedViews` — the views read from such Variables earlier, by key path
+  (an ``orthojax.optim`` transformation reads them at ``init`` and keeps them in its
+  state for ``update``, which gets bare arrays); a leaf without an entry is inferred;
 * one view (``MatrixView`` / ``MuonDimensionNumbers``) for every leaf;
 * a tree shaped like ``params`` — possibly *partial*: it is followed along
   each leaf's key path, a view met on the way applies to the whole subtree
@@ -30,13 +30,11 @@ untouched without special cases.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
 import math
 import sys
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -155,32 +153,15 @@ def recorded_views(tree: Any) -> RecordedViews | None:
   return RecordedViews(tuple(entries)) if entries else None
 
 
-_RECORDED: contextvars.ContextVar[RecordedViews | None] = contextvars.ContextVar(
-    "orthojax_recorded_views", default=None)
-
-
-@contextlib.contextmanager
-def recording(views: RecordedViews | None) -> Iterator[None]:
-  """Make ``views`` the recorded views that ``views=None`` means for bare arrays, while
-  transformations run in this block (a transformation's ``update`` gets bare arrays)."""
-  token = _RECORDED.set(views)
-  try:
-    yield
-  finally:
-    _RECORDED.reset(token)
-
-
-def current_recorded_views() -> RecordedViews | None:
-  """The views :func:`recording` made current, or None."""
-  return _RECORDED.get()
-
-
 def views_for(params: Any, views: Any) -> list[Any]:
   """One view per leaf of ``params`` (flattening order); None = infer, False = none."""
   paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
   if views is None:
-    recorded = recorded_views(params) or _RECORDED.get()
-    return [None] * len(paths) if recorded is None else recorded.per_leaf(params)
+    views = recorded_views(params)
+    if views is None:
+      return [None] * len(paths)
+  if isinstance(views, RecordedViews):
+    return views.per_leaf(params)
   if callable(views) and not is_view(views):
     views = views(params)
   out = []
@@ -223,9 +204,16 @@ def leaf_names(params: Any) -> list[str]:
           for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
 
 
+BUCKETS = ("pad", "shape", "per_leaf")
+"""The ways :func:`map_views` runs a per-matrix function over many leaves (its
+``bucket`` argument, and the ``bucket`` keyword of every ``orthojax.optim`` optimizer that
+passes it on): zero-padded stacks of a shared small side, stacks of one shape, or one
+call per leaf."""
+
+
 def map_views(fn: Callable[..., Any], params: Any, *trees: Any, views: Any = None,
               mask: Any = None, default: Callable[..., Any] | None = None,
-              bucket: bool | str = False) -> Any:
+              bucket: str = "per_leaf") -> Any:
   """``fn(leaf, *matching_leaves, view=view)`` over the selected leaves of ``params``.
 
   Each selected leaf is validated first (floating dtype, a valid layout under
@@ -235,28 +223,32 @@ def map_views(fn: Callable[..., Any], params: Any, *trees: Any, views: Any = Non
   placeholders included). ``mask`` None selects every leaf — callers that
   route leaves elsewhere (``optax.partition``) constrain all they receive.
 
-  ``bucket``: call ``fn`` once per *bucket* of selected leaves that share shape, dtype,
-  view and the shapes and dtypes of their matching leaves, stacked on a new leading
-  batch axis, and hand each leaf its slice of the results (under :func:`bucketing`,
-  on by default). One chain of kernels then serves a bucket, not each leaf: ResNet-50's
-  53 conv kernels have 20 shapes. Only for an ``fn`` that treats batch axes as
-  independent matrices and returns arrays batched like its first argument (an
-  optimizer's per-matrix update; not a penalty summed over its matrices). The
-  results equal the per-leaf ones to rounding (batched products).
+  ``bucket`` (one of :data:`BUCKETS`) — how the selected leaves are run:
 
-  ``bucket="pad"``: also stack matrices that differ only in their long side — every
-  selected leaf as its tall matrices ``(n, p)`` (:meth:`Layout.to_tall`, batch axes
-  flattened), zero rows appended up to the bucket's longest ``n`` — so a bucket is a
-  small side ``p`` and a dtype (Dion's "megabatching"): ResNet-50's 53 kernels in
-  their 20 shapes have 5 small sides. A matrix of ``PAD_FREELY_BELOW`` (2^22) elements
-  or more is padded only within its octave of long sides (``2^(k-1) < n <= 2^k``): for
-  it FLOPs, not launches, are the cost. ``fn`` then sees ``(B, n_max, p)`` and must map
-  zero rows to zero rows and not depend on how many there are: true of Muon's
-  Newton–Schulz (``X Xᵀ`` ignores them), a Stiefel projection and its retractions
-  (QR, CholeskyQR, Cayley, polar), elementwise moments; not of a per-matrix mean
-  (a matrix second moment) or a row normalisation (the oblique manifold). Leaves whose
-  matching leaves are shaped otherwise (a per-matrix state) keep exact-shape buckets.
+  * ``"per_leaf"`` (the default here): one call of ``fn`` per leaf.
+  * ``"shape"``: one call per *bucket* of leaves that share shape, dtype, view and the
+    shapes and dtypes of their matching leaves, stacked on a new leading batch axis;
+    each leaf gets its slice of the results. One chain of kernels then serves a bucket,
+    not each leaf: ResNet-50's 53 conv kernels have 20 shapes. Only for an ``fn`` that
+    treats batch axes as independent matrices and returns arrays batched like its first
+    argument (an optimizer's per-matrix update; not a penalty summed over its
+    matrices). The results equal the per-leaf ones to rounding (batched products).
+  * ``"pad"``: also stack matrices that differ only in their long side — every
+    selected leaf as its tall matrices ``(n, p)`` (:meth:`Layout.to_tall`, batch axes
+    flattened), zero rows appended up to the bucket's longest ``n`` — so a bucket is a
+    small side ``p`` and a dtype (Dion's "megabatching"): ResNet-50's 53 kernels in
+    their 20 shapes have 5 small sides. A matrix of ``PAD_FREELY_BELOW`` (2^22)
+    elements or more is padded only within its octave of long sides
+    (``2^(k-1) < n <= 2^k``): for it FLOPs, not launches, are the cost. ``fn`` then
+    sees ``(B, n_max, p)`` and must map zero rows to zero rows and not depend on how
+    many there are: true of Muon's Newton–Schulz (``X Xᵀ`` ignores them), a Stiefel
+    or oblique projection and their retractions (QR, CholeskyQR, Cayley, polar, the
+    columns' exponential map), elementwise moments; not of a per-matrix mean (a matrix
+    second moment). Leaves whose matching leaves are shaped otherwise (a per-matrix
+    state) keep exact-shape buckets.
   """
+  if bucket not in BUCKETS:
+    raise ValueError(f"map_views: bucket={bucket!r}; choose one of {BUCKETS}")
   leaves, treedef = jax.tree_util.tree_flatten(params)
   others = [treedef.flatten_up_to(t) for t in trees]
   names = leaf_names(params)
@@ -273,7 +265,7 @@ def map_views(fn: Callable[..., Any], params: Any, *trees: Any, views: Any = Non
     check_float(leaf, name)
     lo = layout(jnp.shape(leaf), view, name)
     layouts[i] = lo
-    key = _bucket_key(leaf, rest, lo, bucket == "pad") if bucket and _BUCKETING.get() else None
+    key = None if bucket == "per_leaf" else _bucket_key(leaf, rest, lo, bucket == "pad")
     buckets.setdefault(key if key is not None else ("leaf", i), []).append(i)
   trees = (leaves, *others)
   for members in buckets.values():
@@ -311,24 +303,6 @@ def _run_padded(fn: Callable[..., Any], trees: Sequence[list[Any]], layouts: lis
         lambda r, lo=lo, start=start, count=count: lo.from_tall(
             r[start:start + count, :lo.n].reshape(lo.batch_shape + (lo.n, lo.p))), result)
     start += count
-
-
-_BUCKETING: contextvars.ContextVar[bool] = contextvars.ContextVar("orthojax_bucketing",
-                                                                   default=True)
-
-
-@contextlib.contextmanager
-def bucketing(enabled: bool) -> Iterator[None]:
-  """Turn :func:`map_views`' same-shape buckets on or off while transformations are traced
-  in this block (on by default; off: one chain of kernels per leaf, e.g. to measure).
-
-  The mechanism underneath :func:`orthojax.optim.bucketed`, which applies it to one
-  transformation explicitly (``oj.optim.per_leaf(tx)``) — the way to use it."""
-  token = _BUCKETING.set(bool(enabled))
-  try:
-    yield
-  finally:
-    _BUCKETING.reset(token)
 
 
 # Below 2^22 elements (a 2048 × 2048 matrix) a matrix joins any padded bucket of its small

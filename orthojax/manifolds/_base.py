@@ -85,14 +85,20 @@ class Manifold(abc.ABC):
     """
     return on_tall(self._egrad_to_rgrad, view, jnp.result_type(w, g), w, g)
 
-  def retract(self, w, v, *, view=None):
+  def retract(self, w, v, *, view=None, stored_dtype=None):
     """The retraction ``R_w(v)`` of a tangent vector ``v`` at ``w``.
 
-    For ``w`` stored below float32 a subclass may also remove the rounding
-    error ``w`` carries (Stiefel's Cayley retraction: see
+    For a point stored below float32 a subclass may also remove the rounding
+    error it carries (Stiefel's Cayley retraction: see
     :func:`orthojax.manifolds.polish`).
+
+    Args:
+      w, v: the point and the step, in the parameter's layout.
+      view: their matrix view.
+      stored_dtype: the dtype the point is stored in, where ``w`` is a wider copy of it
+        (a fused optimizer's float32 working copy); default ``w``'s.
     """
-    stored = jnp.result_type(w)
+    stored = jnp.result_type(w) if stored_dtype is None else jnp.dtype(stored_dtype)
     return on_tall(lambda a, b: self._retract_for(a, b, stored), view, jnp.result_type(w, v),
                    w, v)
 

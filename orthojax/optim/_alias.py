@@ -1,4 +1,9 @@
-"""Ready-made Riemannian optimizers built from the blocks in ``_riemannian``."""
+"""Ready-made Riemannian optimizers built from the blocks in ``_riemannian``.
+
+Each returns a :class:`orthojax.optim.ManifoldTransformation` (it keeps its leaves on
+their manifold); built without ``views=``, its views are read at ``init``
+(:class:`orthojax.optim.ViewsFromInit`).
+"""
 
 from __future__ import annotations
 
@@ -7,19 +12,19 @@ from typing import Any
 import optax
 
 from orthojax.manifolds import Manifold, Stiefel
-from orthojax.optim._checks import check_rate, injected
+from orthojax.optim._checks import check_bucket, check_rate, injected
 from orthojax.optim._fused import fused_stiefel_adam, supports_fused
 from orthojax.optim._fused_momentum import fused_stiefel_momentum
+from orthojax.optim._keeps import keeping
+from orthojax.optim._recorded import views_from_init
 from orthojax.optim._riemannian import (project_to_tangent, retract, riemannian_momentum,
                                          scale_by_riemannian_adam)
-from orthojax.optim.execution.recorded import reads_recorded_views
 
 
 def _default(manifold):
   return Stiefel() if manifold is None else manifold
 
 
-@reads_recorded_views
 def rsgd(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Manifold | None = None,
@@ -27,6 +32,7 @@ def rsgd(
     nesterov: bool = False,
     views: Any = None,
     reorthonormalize_every: int | None = None,
+    bucket: str = "pad",
 ) -> optax.GradientTransformation:
   """Riemannian SGD (Bonnabel 2013), optionally with transported momentum.
 
@@ -39,32 +45,39 @@ def rsgd(
       ``optax.inject_hyperparams`` passes it, keeps the trace at any value).
     nesterov: Nesterov momentum.
     views: per-leaf matrix views (``orthojax.linalg.map_views``); None (default): those
-      the parameters' Variables record, on the ``nnx.Optimizer`` path
-      (:class:`orthojax.optim.RecordedViewsState`), else inferred.
+      the parameters' Variables record, read at ``init`` on the ``nnx.Optimizer`` path
+      and kept in the state (:class:`orthojax.optim.RecordedViewsState`), else inferred.
     reorthonormalize_every: see :func:`orthojax.optim.retract`.
+    bucket: see :func:`orthojax.optim.project_to_tangent`.
 
-  The result is the chain ``project_to_tangent``, ``riemannian_momentum`` (when
-  ``momentum > 0``), ``optax.scale_by_learning_rate``, ``retract``. With momentum on
-  ``Stiefel`` with the Euclidean metric the same step (and the same state
-  structure) is computed by :func:`orthojax.optim.fused_stiefel_momentum`, which
-  needs half the matrix products for heavy ball.
+  Which program computes the step: the chain ``project_to_tangent``,
+  ``riemannian_momentum`` (when ``momentum > 0``), ``optax.scale_by_learning_rate``,
+  ``retract`` — except **with momentum on** ``Stiefel(metric="euclidean")``, where
+  the same step, with the same state structure, is computed by
+  :func:`orthojax.optim.fused_stiefel_momentum`, which needs half the matrix products
+  for heavy ball.
   """
   check_rate("rsgd", learning_rate)
+  check_bucket("rsgd", bucket)
   manifold = _default(manifold)
   # An injected momentum (optax.inject_hyperparams) keeps the trace, at 0 too.
   with_momentum = injected(momentum) or bool(momentum)
   if with_momentum and supports_fused(manifold):
     return fused_stiefel_momentum(learning_rate, manifold, momentum, nesterov, views=views,
-                                  reorthonormalize_every=reorthonormalize_every)
-  links = [project_to_tangent(manifold, views)]
-  if with_momentum:
-    links.append(riemannian_momentum(manifold, momentum, nesterov, views))
-  links += [optax.scale_by_learning_rate(learning_rate),
-            retract(manifold, views, reorthonormalize_every)]
-  return optax.chain(*links)
+                                  reorthonormalize_every=reorthonormalize_every,
+                                  bucket=bucket)
+
+  def build(views):
+    links = [project_to_tangent(manifold, views, bucket)]
+    if with_momentum:
+      links.append(riemannian_momentum(manifold, momentum, nesterov, views, bucket=bucket))
+    links += [optax.scale_by_learning_rate(learning_rate),
+              retract(manifold, views, reorthonormalize_every, bucket)]
+    return keeping(optax.chain(*links))
+
+  return views_from_init(build, views)
 
 
-@reads_recorded_views
 def radam(
     learning_rate: optax.ScalarOrSchedule,
     manifold: Manifold | None = None,
@@ -75,6 +88,7 @@ def radam(
     nesterov: bool = False,
     views: Any = None,
     reorthonormalize_every: int | None = None,
+    bucket: str = "pad",
 ) -> optax.GradientTransformation:
   """Riemannian Adam (Bécigneul & Ganea, ICLR 2019), first moment transported.
 
@@ -83,32 +97,37 @@ def radam(
   orthogonal initializations and training", §4) train Stiefel and oblique
   networks with it.
 
-  The result is the chain ``project_to_tangent``, ``scale_by_riemannian_adam``,
-  ``optax.scale_by_learning_rate``, ``retract``. On ``Stiefel`` with the
-  Euclidean metric the same step (and the same state structure) is computed
-  by :func:`orthojax.optim.fused_stiefel_adam`, which needs fewer matrix
-  products; the chain is used for every other manifold.
+  ``views``, ``reorthonormalize_every`` and ``bucket`` are as in :func:`rsgd`.
+
+  Which program computes the step: the chain ``project_to_tangent``,
+  ``scale_by_riemannian_adam``, ``optax.scale_by_learning_rate``, ``retract`` —
+  except on ``Stiefel(metric="euclidean")`` (the default manifold), where the same
+  step, with the same state structure, is computed by
+  :func:`orthojax.optim.fused_stiefel_adam`, which needs fewer matrix products.
   """
   check_rate("radam", learning_rate)
+  check_bucket("radam", bucket)
   manifold = _default(manifold)
-  if supports_fused(manifold, nesterov):
-    return fused_stiefel_adam(learning_rate, manifold, b1=b1, b2=b2, eps=eps,
-                              second_moment=second_moment, nesterov=nesterov, views=views,
-                              reorthonormalize_every=reorthonormalize_every)
-  return optax.chain(
-      project_to_tangent(manifold, views),
-      scale_by_riemannian_adam(manifold, b1=b1, b2=b2, eps=eps, second_moment=second_moment,
-                               nesterov=nesterov, views=views),
-      optax.scale_by_learning_rate(learning_rate),
-      retract(manifold, views, reorthonormalize_every),
-  )
+  options = dict(b1=b1, b2=b2, eps=eps, second_moment=second_moment, nesterov=nesterov)
+  if supports_fused(manifold):
+    return fused_stiefel_adam(learning_rate, manifold, **options, views=views,
+                              reorthonormalize_every=reorthonormalize_every, bucket=bucket)
+
+  def build(views):
+    return keeping(optax.chain(
+        project_to_tangent(manifold, views, bucket),
+        scale_by_riemannian_adam(manifold, **options, views=views, bucket=bucket),
+        optax.scale_by_learning_rate(learning_rate),
+        retract(manifold, views, reorthonormalize_every, bucket)))
+
+  return views_from_init(build, views)
 
 
-@reads_recorded_views
 def projected_gradient(
     optimizer: optax.GradientTransformation | optax.ScalarOrSchedule,
     manifold: Manifold | None = None,
     views: Any = None,
+    bucket: str = "pad",
 ) -> optax.GradientTransformation:
   """Projected gradient: any Euclidean Optax step, then back onto the manifold.
 
@@ -123,12 +142,12 @@ def projected_gradient(
     optimizer: an Optax transformation producing ambient updates, or a learning
       rate (then plain SGD).
     manifold: default ``Stiefel("polar")``.
-    views: per-leaf matrix views; None (default): those the parameters' Variables
-      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
-      else inferred.
+    views, bucket: as :func:`rsgd` (the retraction's).
   """
   if not isinstance(optimizer, optax.GradientTransformation):
     check_rate("projected_gradient", optimizer, "optimizer")
     optimizer = optax.sgd(optimizer)
+  check_bucket("projected_gradient", bucket)
   manifold = Stiefel("polar") if manifold is None else manifold
-  return optax.chain(optimizer, retract(manifold, views))
+  return views_from_init(
+      lambda v: keeping(optax.chain(optimizer, retract(manifold, v, bucket=bucket))), views)

@@ -49,11 +49,11 @@ import optax
 from orthojax import linalg
 from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import cayley_generator, polish, reorthonormalize_newton_schulz
-from orthojax.optim._checks import (check_decay, check_matrices, check_rate, check_static,
-                                     traced)
-from orthojax.optim._riemannian import _require_params
+from orthojax.optim._checks import (check_bucket, check_decay, check_matrices, check_rate,
+                                     check_static, require_params, traced)
+from orthojax.optim._keeps import keeping
+from orthojax.optim._recorded import views_from_init
 from orthojax.optim._scope import scoped
-from orthojax.optim.execution.recorded import reads_recorded_views
 
 
 class CayleyState(NamedTuple):
@@ -64,7 +64,11 @@ class CayleyState(NamedTuple):
 
 
 def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
-                      reorthonormalize_every, views, who):
+                      reorthonormalize_every, views, bucket, who):
+  """Checks the arguments; the transformation (:func:`_cayley`), its views read at
+  ``init`` where ``views`` is None."""
+  check_rate(who, learning_rate)
+  check_bucket(who, bucket)
   check_static(who, iterations, "iterations")
   for name, value in (("b1", b1), ("b2", b2)) if adam else (("momentum", momentum),):
     check_decay(who, value, name)
@@ -75,7 +79,13 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
   if (reorthonormalize_every is not None and not traced(reorthonormalize_every)
       and int(reorthonormalize_every) < 1):
     raise ValueError(f"{who}: reorthonormalize_every must be None or >= 1")
+  options = dict(adam=adam, momentum=momentum, b1=b1, b2=b2, q=q, iterations=int(iterations),
+                 eps=eps, reorthonormalize_every=reorthonormalize_every, bucket=bucket, who=who)
+  return views_from_init(lambda v: keeping(_cayley(learning_rate, v, **options)), views)
 
+
+def _cayley(learning_rate, views, *, adam, momentum, b1, b2, q, iterations, eps,
+            reorthonormalize_every, bucket, who):
   def init_fn(params):
     check_matrices(who, params, views)
 
@@ -83,10 +93,10 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
       return jnp.zeros(linalg.layout(w.shape, view).batch_shape, linalg.compute_dtype(w.dtype))
     return CayleyState(count=jnp.zeros([], jnp.int32),
                        mu=optax.tree.zeros_like(params),
-                       nu=map_views(nu_leaf, params, views=views, bucket=True))
+                       nu=map_views(nu_leaf, params, views=views))
 
   def update_fn(updates, state, params=None):
-    _require_params(params, who)
+    require_params(who, params)
     count = optax.safe_increment(state.count)
     lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
     k = count.astype(jnp.float32)
@@ -109,7 +119,7 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
         sign = 1.0
       alpha = linalg.cayley_safe_step(a, lr, q=q, eps=eps)
       y = linalg.cayley_transform(a, x, tau=sign * alpha, method="iterative",
-                                  iterations=int(iterations))
+                                  iterations=iterations)
       y = polish(y, w.dtype)  # bfloat16/float16 points: remove the carried defect
       if reorthonormalize_every is not None:
         y = linalg.guarded_cond(count % reorthonormalize_every == 0,
@@ -117,7 +127,7 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
       return (lo.from_tall(y).astype(w.dtype) - w, (lo.from_tall(m_t).astype(m.dtype), v))
 
     with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
-      pairs = map_views(leaf, params, updates, state.mu, state.nu, views=views, bucket=True)
+      pairs = map_views(leaf, params, updates, state.mu, state.nu, views=views, bucket=bucket)
     out, mv = unzip(pairs, updates)
     mu, nu = unzip(mv, state.mu)
     return out, CayleyState(count=count, mu=mu, nu=nu)
@@ -125,7 +135,6 @@ def _cayley_optimizer(learning_rate, adam, momentum, b1, b2, q, iterations, eps,
   return optax.GradientTransformation(init_fn, scoped("cayley", update_fn))
 
 
-@reads_recorded_views
 def cayley_sgd(
     learning_rate: optax.ScalarOrSchedule,
     momentum: float = 0.9,
@@ -134,6 +143,7 @@ def cayley_sgd(
     eps: float = 1e-8,
     reorthonormalize_every: int | None = 100,
     views: Any = None,
+    bucket: str = "pad",
 ) -> optax.GradientTransformation:
   """Li et al.'s Cayley SGD with momentum on the Stiefel manifold (Algorithm 1).
 
@@ -148,18 +158,18 @@ def cayley_sgd(
       many steps (None: never), by Newton–Schulz steps
       (:func:`orthojax.manifolds.reorthonormalize_newton_schulz`).
     views: per-leaf matrix views; None (default): those the parameters' Variables
-      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
-      else inferred.
+      record, read at ``init`` on the ``nnx.Optimizer`` path and kept in the state
+      (:class:`orthojax.optim.RecordedViewsState`), else inferred.
+    bucket: see :func:`orthojax.optim.project_to_tangent` (the per-matrix second moment
+      keeps exact-shape stacks).
 
   Returns:
-    An ``optax.GradientTransformation`` taking Euclidean gradients.
+    A :class:`orthojax.optim.ManifoldTransformation` taking Euclidean gradients.
   """
-  check_rate("cayley_sgd", learning_rate)
   return _cayley_optimizer(learning_rate, False, momentum, 0.0, 0.0, q, iterations, eps,
-                           reorthonormalize_every, views, "cayley_sgd")
+                           reorthonormalize_every, views, bucket, "cayley_sgd")
 
 
-@reads_recorded_views
 def cayley_adam(
     learning_rate: optax.ScalarOrSchedule,
     b1: float = 0.9,
@@ -169,6 +179,7 @@ def cayley_adam(
     eps: float = 1e-8,
     reorthonormalize_every: int | None = 100,
     views: Any = None,
+    bucket: str = "pad",
 ) -> optax.GradientTransformation:
   """Li et al.'s Cayley Adam on the Stiefel manifold (Algorithm 2).
 
@@ -177,11 +188,10 @@ def cayley_adam(
   Args:
     learning_rate: ``l`` (a float or an Optax schedule).
     b1, b2: moment decays (paper: 0.9, 0.99).
-    q, iterations, eps, reorthonormalize_every, views: as :func:`cayley_sgd`.
+    q, iterations, eps, reorthonormalize_every, views, bucket: as :func:`cayley_sgd`.
 
   Returns:
-    An ``optax.GradientTransformation`` taking Euclidean gradients.
+    A :class:`orthojax.optim.ManifoldTransformation` taking Euclidean gradients.
   """
-  check_rate("cayley_adam", learning_rate)
   return _cayley_optimizer(learning_rate, True, 0.0, b1, b2, q, iterations, eps,
-                           reorthonormalize_every, views, "cayley_adam")
+                           reorthonormalize_every, views, bucket, "cayley_adam")

@@ -7,7 +7,8 @@ from typing import Any
 
 import jax
 
-from orthojax.linalg import leaf_names, views_for
+from orthojax.linalg import BUCKETS, leaf_names, views_for
+from orthojax.manifolds import Manifold
 
 
 def check_rate(who: str, value: Any, name: str = "learning_rate", *,
@@ -86,3 +87,35 @@ def check_matrices(who: str, params: Any, views: Any) -> None:
   if bad:
     raise ValueError(f"{who}: leaves {bad} are not matrices; route them to a Euclidean "
                      "optimizer with orthojax.optim.partition")
+
+
+def check_bucket(who: str, bucket: Any) -> None:
+  """Raise ValueError in one line unless ``bucket`` is one of
+  :data:`orthojax.linalg.BUCKETS` (how the update runs over many matrices)."""
+  if bucket not in BUCKETS:
+    raise ValueError(f"{who}: bucket={bucket!r}; choose one of {BUCKETS} (zero-padded stacks "
+                     f"of a shared small side, stacks of one shape, or one program per leaf)")
+
+
+def check_manifold(who: str, manifold: Any) -> None:
+  """Raise TypeError in one line unless ``manifold`` is an orthojax manifold."""
+  if not isinstance(manifold, Manifold):
+    raise TypeError(f"{who}: manifold must be an orthojax.manifolds.Manifold, got {manifold!r}")
+
+
+def require_params(who: str, params: Any) -> None:
+  """Raise ValueError in one line when ``update`` was called without the params (every
+  manifold step needs the point it starts from)."""
+  if params is None:
+    raise ValueError(f"{who} needs the current params: call tx.update(updates, state, params)")
+
+
+SECOND_MOMENTS = ("elementwise", "matrix", "matrix_sum")
+"""Riemannian Adam's second moments (:func:`orthojax.optim.scale_by_riemannian_adam`)."""
+
+
+def check_second_moment(who: str, second_moment: Any) -> None:
+  """Raise ValueError in one line unless ``second_moment`` is one of :data:`SECOND_MOMENTS`."""
+  if second_moment not in SECOND_MOMENTS:
+    raise ValueError(f"{who}: unknown second_moment={second_moment!r}; "
+                     f"choose one of {SECOND_MOMENTS}")

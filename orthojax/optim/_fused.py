@@ -66,6 +66,7 @@ agnostic, no host callbacks); matrix products run at
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -74,12 +75,14 @@ import optax
 
 from orthojax import linalg
 from orthojax.manifolds import Stiefel, polish
-from orthojax.optim._checks import check_rate
+from orthojax.optim._checks import check_bucket, check_rate, check_second_moment, require_params
+from orthojax.optim._keeps import keeping
+from orthojax.optim._recorded import views_from_init
 from orthojax.optim._riemannian import (RetractState, ScaleByRiemannianAdamState,
-                                         _SECOND_MOMENTS, _require_params, project_to_tangent,
-                                         retract, scale_by_riemannian_adam)
+                                         project_to_tangent, retract, scale_by_riemannian_adam)
 from orthojax.optim._scope import scoped
-from orthojax.optim.execution.recorded import reads_recorded_views
+
+_TALL = linalg.MatrixView.dense()   # an (..., n, p) tall matrix, n >= p: as it is
 
 
 def _sq(x):
@@ -95,9 +98,8 @@ def _debias(decay, count, dtype):
   return (1.0 - decay ** count).astype(dtype)
 
 
-def supports_fused(manifold: Any, nesterov: bool = False) -> bool:
-  """Whether :func:`fused_stiefel_adam` computes ``radam(manifold, ...)``."""
-  del nesterov  # both variants are fused
+def supports_fused(manifold: Any) -> bool:
+  """Whether the fused Stiefel paths compute ``radam`` / ``rsgd`` on ``manifold``."""
   return isinstance(manifold, Stiefel) and manifold.metric == "euclidean"
 
 
@@ -130,9 +132,9 @@ def retract_tall(manifold: Stiefel, x, xi, omega, stored_dtype, count,
   """The chain's ``retract`` link on a tall ``x`` given the step ``xi`` and ``omega = x^T xi``.
 
   Iterative Cayley runs in coordinates (:func:`cayley_iterative_from_coordinates`,
-  which uses ``omega``); every other retraction is ``manifold``'s own on ``x + xi``.
-  ``stored_dtype`` is the parameter's (bfloat16/float16 Cayley results are polished,
-  as in ``Stiefel.retract``); ``count`` is the retraction step for
+  which uses ``omega``); every other retraction is ``manifold.retract`` of ``xi`` at
+  ``x``. ``stored_dtype`` is the parameter's (bfloat16/float16 Cayley results are
+  polished, as in ``Stiefel.retract``); ``count`` is the retraction step for
   ``reorthonormalize_every``.
   """
   with jax.named_scope("retraction"):
@@ -140,17 +142,17 @@ def retract_tall(manifold: Stiefel, x, xi, omega, stored_dtype, count,
       y = cayley_iterative_from_coordinates(x, xi, omega, manifold.cayley_iterations)
       y = polish(y, stored_dtype)  # as Stiefel's Cayley retraction
     else:
-      y = manifold._retract_for(x, xi, stored_dtype)  # pylint: disable=protected-access
+      y = manifold.retract(x, xi, view=_TALL, stored_dtype=stored_dtype)
     if reorthonormalize_every is not None:
-      clean_up = manifold._reorthonormalize  # pylint: disable=protected-access
-      y = linalg.guarded_cond(count % reorthonormalize_every == 0, clean_up, lambda y: y, y)
+      y = linalg.guarded_cond(count % reorthonormalize_every == 0,
+                              lambda y: manifold.reorthonormalize(y, view=_TALL),
+                              lambda y: y, y)
   return y
 
 
-@reads_recorded_views
 def fused_stiefel_adam(
     learning_rate: optax.ScalarOrSchedule,
-    manifold: Stiefel,
+    manifold: Stiefel | None = None,
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-8,
@@ -158,6 +160,7 @@ def fused_stiefel_adam(
     nesterov: bool = False,
     views: Any = None,
     reorthonormalize_every: int | None = None,
+    bucket: str = "pad",
 ) -> optax.GradientTransformation:
   """Riemannian Adam on ``Stiefel(metric="euclidean")`` in one fused transform.
 
@@ -169,110 +172,118 @@ def fused_stiefel_adam(
 
   Args:
     learning_rate: a float or an Optax schedule.
-    manifold: a :class:`orthojax.manifolds.Stiefel` with the Euclidean metric.
+    manifold: a :class:`orthojax.manifolds.Stiefel` with the Euclidean metric (default
+      ``Stiefel()``).
     b1, b2, eps: as ``optax.scale_by_adam``.
     second_moment: "elementwise", "matrix" or "matrix_sum" (see
       :func:`orthojax.optim.scale_by_riemannian_adam`).
     nesterov: Nesterov-style first moment.
     views: per-leaf matrix views; None (default): those the parameters' Variables
-      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
-      else inferred.
+      record, read at ``init`` on the ``nnx.Optimizer`` path and kept in the state
+      (:class:`orthojax.optim.RecordedViewsState`), else inferred.
     reorthonormalize_every: see :func:`orthojax.optim.retract`.
+    bucket: see :func:`orthojax.optim.project_to_tangent`.
 
   Returns:
-    An ``optax.GradientTransformation`` taking Euclidean gradients; its state
-    is the chain's ``(EmptyState, ScaleByRiemannianAdamState, <learning-rate
+    A :class:`orthojax.optim.ManifoldTransformation` taking Euclidean gradients; its
+    state is the chain's ``(EmptyState, ScaleByRiemannianAdamState, <learning-rate
     state>, RetractState)``.
   """
   check_rate("fused_stiefel_adam", learning_rate)
-  if not supports_fused(manifold, nesterov):
+  manifold = Stiefel() if manifold is None else manifold
+  if not supports_fused(manifold):
     raise ValueError(f"fused_stiefel_adam: needs Stiefel(metric='euclidean'), got {manifold!r}")
-  if second_moment not in _SECOND_MOMENTS:
-    raise ValueError(f"fused_stiefel_adam: unknown second_moment={second_moment!r}; "
-                     f"choose one of {_SECOND_MOMENTS}")
+  check_second_moment("fused_stiefel_adam", second_moment)
+  check_bucket("fused_stiefel_adam", bucket)
+  options = dict(b1=b1, b2=b2, eps=eps, second_moment=second_moment, nesterov=nesterov)
+  return views_from_init(
+      lambda v: keeping(_fused_stiefel_adam(learning_rate, manifold, v, options,
+                                            reorthonormalize_every, bucket)), views)
+
+
+def _fused_stiefel_adam(learning_rate, manifold, views, options, reorthonormalize_every,
+                        bucket):
   # The chain supplies init, validation and the learning-rate link's state.
   lr_link = optax.scale_by_learning_rate(learning_rate)
   chain = optax.chain(
-      project_to_tangent(manifold, views),
-      scale_by_riemannian_adam(manifold, b1=b1, b2=b2, eps=eps, second_moment=second_moment,
-                               nesterov=nesterov, views=views),
+      project_to_tangent(manifold, views, bucket),
+      scale_by_riemannian_adam(manifold, **options, views=views, bucket=bucket),
       lr_link,
-      retract(manifold, views, reorthonormalize_every),
-  )
-  elementwise = second_moment == "elementwise"
+      retract(manifold, views, reorthonormalize_every, bucket))
 
   def update_fn(updates, state, params=None):
-    _require_params(params, "radam")
+    require_params("radam", params)
     empty, adam_state, lr_state, retract_state = state
     count = optax.safe_increment(adam_state.count)
     # -lr as the chain's learning-rate link computes it (schedules included),
     # in JAX's default float (float64 under jax_enable_x64), cast per leaf.
     neg_lr, lr_state = lr_link.update(jnp.ones([], jnp.result_type(float)), lr_state)
     retract_count = optax.safe_increment(retract_state.count)
-
-    def leaf(w, g, m, v, view):
-      lo = linalg.layout(w.shape, view)
-      dtype = linalg.compute_dtype(jnp.result_type(w, g))
-      x, gt, mt = (lo.to_tall(jnp.asarray(a, dtype)) for a in (w, g, m.astype(g.dtype)))
-      n, p = x.shape[-2], x.shape[-1]
-      c1, c2 = _debias(b1, count, dtype), _debias(b2, count, dtype)
-      a = x.mT @ gt                                     # W^T G
-      b = x.mT @ mt                                     # W^T m
-      if elementwise or nesterov:
-        g_r = gt - x @ linalg.sym(a)                    # P(G)
-      if elementwise:
-        m_new = b1 * (mt - x @ linalg.sym(b)) + (1.0 - b1) * g_r
-        g_q = g_r.astype(g.dtype).astype(dtype) if g.dtype != dtype else g_r
-        v_new = b2 * lo.to_tall(v.astype(dtype)) + (1.0 - b2) * jnp.square(g_q)
-      else:
-        xm = b1 * mt + (1.0 - b1) * gt
-        m_new = xm - x @ linalg.sym(b1 * b + (1.0 - b1) * a)   # W^T xm, symmetrised
-        normal = jnp.maximum(_sq(gt) - _sq(a), 0.0) if n > p else 0.0
-        s = _sq(linalg.skew(a)) + normal               # sum of P(G)^2
-        if second_moment == "matrix":
-          s = s / (n * p)                              # its mean
-        v_new = b2 * v.astype(dtype) + (1.0 - b2) * s
-      # The chain stores m in its state dtype and uses that value.
-      m_new = m_new.astype(m.dtype).astype(dtype) if m.dtype != dtype else m_new
-      if nesterov:
-        c1_next = _debias(b1, optax.safe_increment(count), dtype)
-        m_hat = b1 * m_new / c1_next + (1.0 - b1) * g_r / c1
-        omega_m = ((b1 / c1_next) * linalg.skew(b1 * b + (1.0 - b1) * a)
-                   + ((1.0 - b1) / c1) * linalg.skew(a))
-      else:
-        m_hat = m_new / c1
-        omega_m = linalg.skew(b1 * b + (1.0 - b1) * a) / c1
-      if elementwise:
-        u = m_hat / (jnp.sqrt(v_new / c2) + eps)
-        c = x.mT @ u
-        d = u - x @ linalg.sym(c)
-        omega = linalg.skew(c)
-      else:
-        denom = (jnp.sqrt(v_new / c2) + eps)[..., None, None]
-        d = m_hat / denom
-        omega = omega_m / denom
-      # The chain's links cast d to the gradient dtype and scale it by -lr.
-      d = d.astype(g.dtype).astype(dtype)
-      scale = neg_lr.astype(dtype)
-      xi = scale * d
-      y = retract_tall(manifold, x, xi, scale * omega, w.dtype, retract_count,
-                       reorthonormalize_every)
-      y = lo.from_tall(y).astype(jnp.result_type(w, g))
-      update = (y - w).astype(g.dtype)
-      v_new = lo.from_tall(v_new) if elementwise else v_new
-      return update, lo.from_tall(m_new).astype(m.dtype), v_new.astype(v.dtype)
-
+    leaf = functools.partial(_adam_leaf, manifold=manifold, count=count, neg_lr=neg_lr,
+                             retract_count=retract_count,
+                             reorthonormalize_every=reorthonormalize_every, **options)
     with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
       triples = linalg.map_views(leaf, params, updates, adam_state.mu, adam_state.nu,
-                                 views=views, bucket="pad")
+                                 views=views, bucket=bucket)
     treedef = jax.tree_util.tree_structure(updates)
     flat = treedef.flatten_up_to(triples)
-    out = treedef.unflatten([t[0] for t in flat])
-    mu = treedef.unflatten([t[1] for t in flat])
-    nu = treedef.unflatten([t[2] for t in flat])
+    out, mu, nu = (treedef.unflatten([t[k] for t in flat]) for k in range(3))
     new_state = (empty, ScaleByRiemannianAdamState(count=count, mu=mu, nu=nu), lr_state,
                  RetractState(count=retract_count))
     return out, new_state
 
-  return optax.GradientTransformation(chain.init,
-                                      scoped("fused_stiefel_adam", update_fn))
+  return optax.GradientTransformation(chain.init, scoped("fused_stiefel_adam", update_fn))
+
+
+def _adam_leaf(w, g, m, v, view, *, manifold, count, neg_lr, retract_count,
+               reorthonormalize_every, b1, b2, eps, second_moment, nesterov):
+  """One leaf's fused step: ``(update, new first moment, new second moment)``."""
+  elementwise = second_moment == "elementwise"
+  lo = linalg.layout(w.shape, view)
+  dtype = linalg.compute_dtype(jnp.result_type(w, g))
+  x, gt, mt = (lo.to_tall(jnp.asarray(a, dtype)) for a in (w, g, m.astype(g.dtype)))
+  n, p = x.shape[-2], x.shape[-1]
+  c1, c2 = _debias(b1, count, dtype), _debias(b2, count, dtype)
+  a = x.mT @ gt                                     # W^T G
+  b = x.mT @ mt                                     # W^T m
+  if elementwise or nesterov:
+    g_r = gt - x @ linalg.sym(a)                    # P(G)
+  if elementwise:
+    m_new = b1 * (mt - x @ linalg.sym(b)) + (1.0 - b1) * g_r
+    g_q = g_r.astype(g.dtype).astype(dtype) if g.dtype != dtype else g_r
+    v_new = b2 * lo.to_tall(v.astype(dtype)) + (1.0 - b2) * jnp.square(g_q)
+  else:
+    xm = b1 * mt + (1.0 - b1) * gt
+    m_new = xm - x @ linalg.sym(b1 * b + (1.0 - b1) * a)   # W^T xm, symmetrised
+    normal = jnp.maximum(_sq(gt) - _sq(a), 0.0) if n > p else 0.0
+    s = _sq(linalg.skew(a)) + normal               # sum of P(G)^2
+    if second_moment == "matrix":
+      s = s / (n * p)                              # its mean
+    v_new = b2 * v.astype(dtype) + (1.0 - b2) * s
+  # The chain stores m in its state dtype and uses that value.
+  m_new = m_new.astype(m.dtype).astype(dtype) if m.dtype != dtype else m_new
+  if nesterov:
+    c1_next = _debias(b1, optax.safe_increment(count), dtype)
+    m_hat = b1 * m_new / c1_next + (1.0 - b1) * g_r / c1
+    omega_m = ((b1 / c1_next) * linalg.skew(b1 * b + (1.0 - b1) * a)
+               + ((1.0 - b1) / c1) * linalg.skew(a))
+  else:
+    m_hat = m_new / c1
+    omega_m = linalg.skew(b1 * b + (1.0 - b1) * a) / c1
+  if elementwise:
+    u = m_hat / (jnp.sqrt(v_new / c2) + eps)
+    c = x.mT @ u
+    d = u - x @ linalg.sym(c)
+    omega = linalg.skew(c)
+  else:
+    denom = (jnp.sqrt(v_new / c2) + eps)[..., None, None]
+    d = m_hat / denom
+    omega = omega_m / denom
+  # The chain's links cast d to the gradient dtype and scale it by -lr.
+  d = d.astype(g.dtype).astype(dtype)
+  scale = neg_lr.astype(dtype)
+  y = retract_tall(manifold, x, scale * d, scale * omega, w.dtype, retract_count,
+                   reorthonormalize_every)
+  y = lo.from_tall(y).astype(jnp.result_type(w, g))
+  v_new = lo.from_tall(v_new) if elementwise else v_new
+  return (y - w).astype(g.dtype), lo.from_tall(m_new).astype(m.dtype), v_new.astype(v.dtype)

@@ -39,22 +39,23 @@ import optax
 
 from orthojax import linalg
 from orthojax.manifolds import Stiefel
-from orthojax.optim._checks import check_rate
+from orthojax.optim._checks import check_bucket, check_rate, require_params
 from orthojax.optim._fused import retract_tall, supports_fused
-from orthojax.optim._riemannian import (RetractState, RiemannianMomentumState, _require_params,
+from orthojax.optim._keeps import keeping
+from orthojax.optim._recorded import views_from_init
+from orthojax.optim._riemannian import (RetractState, RiemannianMomentumState,
                                          project_to_tangent, retract, riemannian_momentum)
 from orthojax.optim._scope import scoped
-from orthojax.optim.execution.recorded import reads_recorded_views
 
 
-@reads_recorded_views
 def fused_stiefel_momentum(
     learning_rate: optax.ScalarOrSchedule,
-    manifold: Stiefel,
+    manifold: Stiefel | None = None,
     momentum: float = 0.9,
     nesterov: bool = False,
     views: Any = None,
     reorthonormalize_every: int | None = None,
+    bucket: str = "pad",
 ) -> optax.GradientTransformation:
   """Riemannian SGD with momentum on ``Stiefel(metric="euclidean")``, fused.
 
@@ -65,32 +66,42 @@ def fused_stiefel_momentum(
 
   Args:
     learning_rate: a float or an Optax schedule.
-    manifold: a :class:`orthojax.manifolds.Stiefel` with the Euclidean metric.
+    manifold: a :class:`orthojax.manifolds.Stiefel` with the Euclidean metric (default
+      ``Stiefel()``).
     momentum: decay ``mu`` in [0, 1).
     nesterov: Nesterov's variant.
     views: per-leaf matrix views; None (default): those the parameters' Variables
-      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
-      else inferred.
+      record, read at ``init`` on the ``nnx.Optimizer`` path and kept in the state
+      (:class:`orthojax.optim.RecordedViewsState`), else inferred.
     reorthonormalize_every: see :func:`orthojax.optim.retract`.
+    bucket: see :func:`orthojax.optim.project_to_tangent`.
 
   Returns:
-    An ``optax.GradientTransformation`` taking Euclidean gradients; its state is
-    the chain's ``(EmptyState, RiemannianMomentumState, <learning-rate state>,
+    A :class:`orthojax.optim.ManifoldTransformation` taking Euclidean gradients; its
+    state is the chain's ``(EmptyState, RiemannianMomentumState, <learning-rate state>,
     RetractState)``.
   """
   check_rate("fused_stiefel_momentum", learning_rate)
+  manifold = Stiefel() if manifold is None else manifold
   if not supports_fused(manifold):
     raise ValueError(f"fused_stiefel_momentum: needs Stiefel(metric='euclidean'), "
                      f"got {manifold!r}")
+  check_bucket("fused_stiefel_momentum", bucket)
+  return views_from_init(
+      lambda v: keeping(_fused_stiefel_momentum(learning_rate, manifold, momentum, nesterov,
+                                                v, reorthonormalize_every, bucket)), views)
+
+
+def _fused_stiefel_momentum(learning_rate, manifold, mu, nesterov, views,
+                            reorthonormalize_every, bucket):
   # The chain supplies init, validation and the learning-rate link's state.
   lr_link = optax.scale_by_learning_rate(learning_rate)
-  chain = optax.chain(project_to_tangent(manifold, views),
-                      riemannian_momentum(manifold, momentum, nesterov, views),
-                      lr_link, retract(manifold, views, reorthonormalize_every))
-  mu = momentum
+  chain = optax.chain(project_to_tangent(manifold, views, bucket),
+                      riemannian_momentum(manifold, mu, nesterov, views, bucket=bucket),
+                      lr_link, retract(manifold, views, reorthonormalize_every, bucket))
 
   def update_fn(updates, state, params=None):
-    _require_params(params, "rsgd")
+    require_params("rsgd", params)
     empty, momentum_state, lr_state, retract_state = state
     neg_lr, lr_state = lr_link.update(jnp.ones([], jnp.result_type(float)), lr_state)
     retract_count = optax.safe_increment(retract_state.count)
@@ -117,7 +128,8 @@ def fused_stiefel_momentum(
       return (y - w).astype(g.dtype), lo.from_tall(m_new).astype(m.dtype)
 
     with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
-      pairs = linalg.map_views(leaf, params, updates, momentum_state.trace, views=views, bucket="pad")
+      pairs = linalg.map_views(leaf, params, updates, momentum_state.trace, views=views,
+                               bucket=bucket)
     out, trace = linalg.unzip(pairs, updates)
     new_state = (empty, RiemannianMomentumState(trace=trace), lr_state,
                  RetractState(count=retract_count))

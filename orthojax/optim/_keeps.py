@@ -1,60 +1,46 @@
-"""Which transformations keep a manifold parameter on its manifold.
+"""Which transformations keep a manifold parameter on its manifold: declared by their type.
 
 A transformation *keeps* its leaves on their manifold when its update ends in a
-retraction (:func:`orthojax.optim.retract`, and with it ``rsgd``, ``radam``,
-``projected_gradient`` on a manifold, ``stiefel_muon``) or is a manifold method of its
-own (``cayley_sgd``, ``cayley_adam``, the fused Stiefel Adam) — or, for ``landing``, is
-pulled back to it at every step. Which optimizers do is said once, in the library's
-table (:data:`orthojax.optim.OPTIMIZER_TABLE`): the constructors of its rows that keep,
-and ``retract``, :func:`mark` what they return. :func:`keeps_manifold` finds such a
-mark anywhere inside a transformation (an ``optax.chain``, an owner-sharded wrapper), by
-following the closures of its ``update``. :func:`orthojax.optim.partition` uses it to
-report a ``StiefelParam`` or ``ObliqueParam`` routed to a transformation that would let
-it drift.
+retraction (``rsgd``, ``radam``, ``projected_gradient``, ``stiefel_muon``, the fused
+Stiefel paths) or is a manifold method of its own (``cayley_sgd``, ``cayley_adam``) — or,
+for ``landing``, is pulled back to it at every step. Those constructors say so by what they
+return: a :class:`ManifoldTransformation`. That type is the one declaration;
+:data:`orthojax.optim.OPTIMIZER_TABLE`'s ``keeps_manifold`` column reads it, and
+:func:`orthojax.optim.partition` asks :func:`keeps_manifold` to report a ``StiefelParam``
+or ``ObliqueParam`` routed to a transformation that would let it drift.
+
+A chain of your own is a plain ``optax`` transformation: ``optax.chain`` does not say
+what its links do, and whether the chain keeps depends on its *last* link
+(``optax.chain(optax.clip(1.0), rsgd(lr))`` keeps, ``optax.chain(rsgd(lr),
+optax.scale(2.0))`` does not). Declare one that keeps yourself::
+
+    tx = oj.optim.ManifoldTransformation(*optax.chain(optax.clip(1.0), oj.optim.rsgd(1e-2)))
 """
 
 from __future__ import annotations
 
-import functools
-import types
-from typing import Any, Callable
-import weakref
-
 import optax
 
-_MARKED: "weakref.WeakSet[Callable[..., Any]]" = weakref.WeakSet()
+from orthojax.optim._recorded import INFERRED, ViewsFromInit
 
 
-def mark(tx: optax.GradientTransformation) -> optax.GradientTransformation:
-  """``tx``, recorded as keeping its leaves on their manifold."""
-  _MARKED.add(tx.update)
-  return tx
+class ManifoldTransformation(optax.GradientTransformationExtraArgs):
+  """An ``optax.GradientTransformationExtraArgs`` whose update keeps its leaves on their
+  manifold (module docstring): ``ManifoldTransformation(init, update)``."""
 
 
-def keeps_manifold(tx: optax.GradientTransformation, depth: int = 24) -> bool:
-  """Whether a marked transformation is part of ``tx`` (the module docstring)."""
-  seen: set[int] = set()
+def keeping(tx: optax.GradientTransformation) -> ManifoldTransformation:
+  """``tx``, declared to keep its leaves on their manifold."""
+  tx = optax.with_extra_args_support(tx)
+  return ManifoldTransformation(tx.init, tx.update)
 
-  def search(obj: Any, depth: int) -> bool:
-    if depth < 0 or id(obj) in seen:
-      return False
-    seen.add(id(obj))
-    if isinstance(obj, types.FunctionType):
-      if obj in _MARKED:
-        return True
-      cells = []
-      for cell in obj.__closure__ or ():
-        try:
-          cells.append(cell.cell_contents)
-        except ValueError:   # an empty cell
-          pass
-      return any(search(c, depth - 1) for c in cells)
-    if isinstance(obj, functools.partial):
-      return search(obj.func, depth - 1) or any(search(a, depth - 1) for a in obj.args)
-    if isinstance(obj, (tuple, list)):   # GradientTransformations are NamedTuples
-      return any(search(x, depth - 1) for x in obj)
-    if isinstance(obj, dict):
-      return any(search(x, depth - 1) for x in obj.values())
-    return False
 
-  return search(getattr(tx, "update", tx), depth)
+def keeps_manifold(tx: optax.GradientTransformation) -> bool:
+  """Whether ``tx`` is declared to keep its leaves on their manifold.
+
+  A transformation whose views are read at ``init`` (built with ``views=None``:
+  :class:`orthojax.optim.ViewsFromInit`) keeps when the one it builds does.
+  """
+  if isinstance(tx, ViewsFromInit):
+    return keeps_manifold(tx.with_views(INFERRED))
+  return isinstance(tx, ManifoldTransformation)

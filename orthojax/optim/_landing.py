@@ -58,10 +58,10 @@ import optax
 from orthojax import linalg
 from orthojax.linalg import map_views
 from orthojax.manifolds import polish
-from orthojax.optim._checks import check_rate, traced
-from orthojax.optim._riemannian import _require_params
+from orthojax.optim._checks import check_bucket, check_rate, require_params, traced
+from orthojax.optim._keeps import keeping
+from orthojax.optim._recorded import views_from_init
 from orthojax.optim._scope import scoped
-from orthojax.optim.execution.recorded import reads_recorded_views
 
 
 class LandingState(NamedTuple):
@@ -86,13 +86,13 @@ def safe_step_size(a, d, lam, eps):
   return jnp.where(beta > 0, (root + alpha) / (2.0 * safe_beta), jnp.inf)
 
 
-@reads_recorded_views
 def landing(
     learning_rate: optax.ScalarOrSchedule,
     lam: float = 1.0,
     eps: float = 0.5,
     safe_step: bool = True,
     views: Any = None,
+    bucket: str = "pad",
 ) -> optax.GradientTransformation:
   """Landing on the Stiefel manifold (matmuls only, no retraction).
 
@@ -103,21 +103,29 @@ def landing(
     safe_step: cap the step at ``eta*`` (recommended; without it a large step
       can leave the safe region and diverge).
     views: per-leaf matrix views; None (default): those the parameters' Variables
-      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
-      else inferred.
+      record, read at ``init`` on the ``nnx.Optimizer`` path and kept in the state
+      (:class:`orthojax.optim.RecordedViewsState`), else inferred.
+    bucket: see :func:`orthojax.optim.project_to_tangent` (the field and the safe step
+      map zero rows to zero rows and are per matrix, so padded stacks are exact).
 
   Returns:
-    An ``optax.GradientTransformation`` taking Euclidean gradients and
-    returning ``-eta * Lambda(X)``.
+    A :class:`orthojax.optim.ManifoldTransformation` taking Euclidean gradients and
+    returning ``-eta * Lambda(X)`` (it pulls its leaves back to the manifold at every
+    step).
   """
   check_rate("landing", learning_rate)
+  check_bucket("landing", bucket)
   if not traced(eps) and not 0.0 < eps < 1.0:
     raise ValueError(f"landing: eps must be in (0, 1), got {eps}")
   if not traced(lam) and lam <= 0:
     raise ValueError(f"landing: lam must be > 0, got {lam}")
+  return views_from_init(
+      lambda v: keeping(_landing(learning_rate, lam, eps, safe_step, v, bucket)), views)
 
+
+def _landing(learning_rate, lam, eps, safe_step, views, bucket):
   def update_fn(updates, state, params=None):
-    _require_params(params, "landing")
+    require_params("landing", params)
     lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
     lr = jnp.asarray(lr, jnp.float32)
 
@@ -139,7 +147,7 @@ def landing(
       return lo.from_tall(step).astype(g.dtype)
 
     with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
-      out = map_views(leaf, params, updates, views=views, bucket=True)
+      out = map_views(leaf, params, updates, views=views, bucket=bucket)
     return out, LandingState(count=optax.safe_increment(state.count))
 
   return optax.GradientTransformation(

@@ -27,9 +27,10 @@ from optax.contrib import MuonDimensionNumbers
 from orthojax import linalg
 from orthojax.linalg import leaf_names, map_views, unzip, views_for
 from orthojax.manifolds import Stiefel
-from orthojax.optim._checks import check_decay, check_rate, check_static
+from orthojax.optim._checks import check_bucket, check_decay, check_rate, check_static
+from orthojax.optim._keeps import keeping
+from orthojax.optim._recorded import views_from_init
 from orthojax.optim._riemannian import retract
-from orthojax.optim.execution.recorded import reads_recorded_views
 
 
 _QUINTIC = (3.4445, -4.7750, 2.0315)   # optax.contrib.muon's default (Jordan's quintic)
@@ -88,7 +89,6 @@ def ns_schedule(ns_coeffs: Any, ns_steps: int) -> Any:
   return tuple(coeffs[min(i, len(coeffs) - 1)] for i in range(int(ns_steps)))
 
 
-@reads_recorded_views
 def scale_by_muon(
     *,
     views: Any = None,
@@ -100,47 +100,57 @@ def scale_by_muon(
     nesterov: bool = True,
     adaptive: bool = False,
     preconditioning: str = "frobenius",
+    bucket: str = "pad",
 ) -> optax.GradientTransformation:
   """``optax.contrib.scale_by_muon``, one batched program per bucket of matrices.
 
   The momentum, its Nesterov look-ahead and the Newton–Schulz orthogonalization are
   optax's own (``optax.contrib.scale_by_muon``, called on each bucket); what differs is
-  how they run over many leaves: leaves whose matrix views share dtype and small side
-  are stacked (:func:`orthojax.linalg.map_views` with ``bucket="pad"``: matrices that share
-  their small side, the long one zero-padded) and orthogonalized
-  by one batched chain of kernels, where optax runs one chain per leaf (a GPU launch
-  cost per leaf; Jordan's Muon and Dion batch them the same way). The state is optax's
-  ``MuonState`` with its momentum per leaf, so the two are interchangeable, and the
-  results equal optax's to rounding (batched products). ``oj.optim.per_leaf(tx)``
-  runs leaf by leaf. The other arguments (``ns_coeffs``, ``ns_steps``, ``beta``, ``eps``,
+  how they run over many leaves: by default (``bucket="pad"``) leaves whose matrix views
+  share dtype and small side are stacked (:func:`orthojax.linalg.map_views`: the long
+  side zero-padded) and orthogonalized by one batched chain of kernels, where optax runs
+  one chain per leaf (a GPU launch cost per leaf; Jordan's Muon and Dion batch them the
+  same way). The state is optax's ``MuonState`` with its momentum per leaf, so the two
+  are interchangeable, and the results equal optax's to rounding (batched products).
+  ``bucket="per_leaf"`` runs leaf by leaf, ``"shape"`` stacks equal shapes only. The
+  other arguments (``ns_coeffs``, ``ns_steps``, ``beta``, ``eps``,
   ``mu_dtype``, ``nesterov``, ``adaptive``, ``preconditioning``) are
   ``optax.contrib.scale_by_muon``'s; ``ns_coeffs`` also takes orthojax's preset names.
 
   Args:
     views: per-leaf matrix views (:func:`muon_dimension_numbers`); a leaf whose
-      view is ``False`` passes through unchanged.
+      view is ``False`` passes through unchanged. None (default): those the parameters'
+      Variables record, read at ``init`` on the ``nnx.Optimizer`` path and kept in the
+      state (:class:`orthojax.optim.RecordedViewsState`), else inferred.
+    bucket: how the matrices are stacked (:data:`orthojax.linalg.BUCKETS`).
   """
   check_decay("scale_by_muon", beta, "beta")
+  check_bucket("scale_by_muon", bucket)
   options = dict(ns_coeffs=ns_schedule(ns_coeffs, ns_steps), ns_steps=ns_steps, beta=beta,
                  eps=eps, mu_dtype=mu_dtype, nesterov=nesterov, adaptive=adaptive,
                  preconditioning=preconditioning)
-  per_leaf = optax.contrib.scale_by_muon(**options)
+  return views_from_init(lambda v: _scale_by_muon(options, v, bucket), views)
+
+
+def _scale_by_muon(options: dict[str, Any], views: Any, bucket: str
+                   ) -> optax.GradientTransformation:
+  one_chain_per_leaf = optax.contrib.scale_by_muon(**options)
 
   def update_fn(updates, state, params=None):
     del params
 
-    def bucket(g, mu, *, view):
+    def stacked(g, mu, *, view):
       dims = to_muon(view)
       out, new = optax.contrib.scale_by_muon(**options, weight_dimension_numbers=dims).update(
           g, state._replace(mu=mu))
       return out, new.mu
 
-    pairs = map_views(bucket, updates, state.mu, views=_map_views_views(views),
-                      default=lambda g, mu: (g, mu), bucket="pad")
+    pairs = map_views(stacked, updates, state.mu, views=_map_views_views(views),
+                      default=lambda g, mu: (g, mu), bucket=bucket)
     new_updates, mu = unzip(pairs, updates)
     return new_updates, state._replace(count=optax.safe_increment(state.count), mu=mu)
 
-  return optax.GradientTransformation(per_leaf.init, update_fn)
+  return optax.GradientTransformation(one_chain_per_leaf.init, update_fn)
 
 
 def _map_views_views(views: Any) -> Any:
@@ -177,7 +187,6 @@ def scale_by_shape(*, views: Any = None,
   return optax.GradientTransformation(optax.init_empty_state, update_fn)
 
 
-@reads_recorded_views
 def muon(
     learning_rate: optax.ScalarOrSchedule,
     ns_coeffs: Any = _QUINTIC,
@@ -199,6 +208,7 @@ def muon(
     consistent_rms: float | None = None,
     views: Any = None,
     muon_weight_dimension_numbers: Any = _FROM_VIEWS,
+    bucket: str = "pad",
 ) -> optax.GradientTransformation:
   """``optax.contrib.muon`` with dimension numbers from the matrix view, bucketed.
 
@@ -220,8 +230,11 @@ def muon(
 
   Args:
     learning_rate: Muon's rate, a float or an Optax schedule.
-    views: per-leaf views (see :func:`muon_dimension_numbers`).
+    views: per-leaf views (see :func:`muon_dimension_numbers`); None (default): those the
+      parameters' Variables record, read at ``init`` on the ``nnx.Optimizer`` path and
+      kept in the state (:class:`orthojax.optim.RecordedViewsState`), else inferred.
     muon_weight_dimension_numbers: not taken: they are derived from ``views``.
+    bucket: how the matrices are stacked (:func:`scale_by_muon`).
   """
   check_rate("muon", learning_rate)
   for name, value in (("beta", beta), ("adam_b1", adam_b1), ("adam_b2", adam_b2)):
@@ -230,28 +243,33 @@ def muon(
     raise ValueError("muon: pass views=..., not muon_weight_dimension_numbers (derived from them)")
   if adam_learning_rate is not None:
     check_rate("muon", adam_learning_rate, "adam_learning_rate")
+  check_bucket("muon", bucket)
+  muon_options = dict(ns_coeffs=ns_coeffs, ns_steps=ns_steps, beta=beta, eps=eps,
+                      mu_dtype=mu_dtype, nesterov=nesterov, adaptive=adaptive,
+                      preconditioning=preconditioning, bucket=bucket)
+  adam = optax.adamw(
+      learning_rate=learning_rate if adam_learning_rate is None else adam_learning_rate,
+      b1=adam_b1, b2=adam_b2, eps=eps, eps_root=adam_eps_root,
+      weight_decay=adam_weight_decay, mu_dtype=mu_dtype, nesterov=nesterov)
 
-  def labels(params):
-    dims = muon_dimension_numbers(params, views)
-    return jax.tree.map(lambda d: "adam" if d is None else "muon", dims,
-                        is_leaf=lambda d: d is None or isinstance(d, MuonDimensionNumbers))
+  def build(views):
+    def labels(params):
+      dims = muon_dimension_numbers(params, views)
+      return jax.tree.map(lambda d: "adam" if d is None else "muon", dims,
+                          is_leaf=lambda d: d is None or isinstance(d, MuonDimensionNumbers))
 
-  return optax.partition(
-      {"muon": optax.chain(
-          scale_by_muon(views=views, ns_coeffs=ns_coeffs, ns_steps=ns_steps, beta=beta,
-                        eps=eps, mu_dtype=mu_dtype, nesterov=nesterov, adaptive=adaptive,
-                        preconditioning=preconditioning),
-          scale_by_shape(views=views, consistent_rms=consistent_rms),
-          optax.add_decayed_weights(weight_decay, weight_decay_mask),
-          optax.scale_by_learning_rate(learning_rate)),
-       "adam": optax.adamw(
-           learning_rate=learning_rate if adam_learning_rate is None else adam_learning_rate,
-           b1=adam_b1, b2=adam_b2, eps=eps, eps_root=adam_eps_root,
-           weight_decay=adam_weight_decay, mu_dtype=mu_dtype, nesterov=nesterov)},
-      labels)
+    return optax.partition(
+        {"muon": optax.chain(
+            scale_by_muon(views=views, **muon_options),
+            scale_by_shape(views=views, consistent_rms=consistent_rms),
+            optax.add_decayed_weights(weight_decay, weight_decay_mask),
+            optax.scale_by_learning_rate(learning_rate)),
+         "adam": adam},
+        labels)
+
+  return views_from_init(build, views)
 
 
-@reads_recorded_views
 def stiefel_muon(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -260,6 +278,7 @@ def stiefel_muon(
     nesterov: bool = True,
     retraction_steps: int = 8,
     views: Any = None,
+    bucket: str = "pad",
 ) -> optax.GradientTransformation:
   """Muon steps kept on the Stiefel manifold by a Newton–Schulz retraction.
 
@@ -271,24 +290,35 @@ def stiefel_muon(
     learning_rate: a float or an Optax schedule.
     beta, ns_steps, nesterov: as ``optax.contrib.scale_by_muon``.
     retraction_steps: cubic Newton–Schulz steps of the retraction.
-    views: per-leaf matrix views.
+    views: per-leaf matrix views; None (default): those the parameters' Variables
+      record, read at ``init`` on the ``nnx.Optimizer`` path and kept in the state
+      (:class:`orthojax.optim.RecordedViewsState`), else inferred.
+    bucket: how the matrices are stacked (:data:`orthojax.linalg.BUCKETS`).
+
+  Returns:
+    A :class:`orthojax.optim.ManifoldTransformation`.
   """
   check_rate("stiefel_muon", learning_rate)
   check_decay("stiefel_muon", beta, "beta")
   check_static("stiefel_muon", retraction_steps, "retraction_steps")
+  check_bucket("stiefel_muon", bucket)
+  manifold = Stiefel("newton_schulz", ns_steps=retraction_steps)
 
-  def dims(params):
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    names = leaf_names(params)
-    flat = _dims(leaves, names, views_for(params, views))
-    bad = [n for n, d in zip(names, flat) if d is None]
-    if bad:
-      raise ValueError(f"stiefel_muon: leaves {bad} are not matrices; route them to a "
-                       "Euclidean optimizer with orthojax.optim.partition")
-    return treedef.unflatten(flat)
+  def build(views):
+    def dims(params):
+      leaves, treedef = jax.tree_util.tree_flatten(params)
+      names = leaf_names(params)
+      flat = _dims(leaves, names, views_for(params, views))
+      bad = [n for n, d in zip(names, flat) if d is None]
+      if bad:
+        raise ValueError(f"stiefel_muon: leaves {bad} are not matrices; route them to a "
+                         "Euclidean optimizer with orthojax.optim.partition")
+      return treedef.unflatten(flat)
 
-  return optax.chain(
-      scale_by_muon(ns_steps=ns_steps, beta=beta, nesterov=nesterov, views=dims),
-      optax.scale_by_learning_rate(learning_rate),
-      retract(Stiefel("newton_schulz", ns_steps=retraction_steps), views),
-  )
+    return keeping(optax.chain(
+        scale_by_muon(ns_steps=ns_steps, beta=beta, nesterov=nesterov, views=dims,
+                      bucket=bucket),
+        optax.scale_by_learning_rate(learning_rate),
+        retract(manifold, views, bucket=bucket)))
+
+  return views_from_init(build, views)

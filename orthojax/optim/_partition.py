@@ -81,8 +81,8 @@ def partition(param_labels: Any | Callable[[Any], Any], /,
 
   Warns (``UserWarning``), naming the leaves, when labels read from a model send its
   ``StiefelParam`` / ``ObliqueParam`` leaves to a transformation that does not keep
-  them on their manifold (:func:`orthojax.optim.keeps_manifold`: ``muon``, ``adam``, …
-  rather than ``radam``, ``stiefel_muon``, …).
+  them on their manifold (:func:`orthojax.optim.keeps_manifold`: ``muon``, ``adam``, an
+  undeclared ``optax.chain`` … rather than ``radam``, ``stiefel_muon``, …).
   """
   if not transforms:
     raise ValueError("partition: give at least one transform, e.g. stiefel=..., euclidean=...")
@@ -121,5 +121,7 @@ def _report_drift(labels: Any, transforms: dict[str, optax.GradientTransformatio
           f"partition: {label}= does not keep its leaves on the {manifold} manifold (it "
           f"neither retracts nor is a manifold method): {shown} will drift off it. Use "
           f"oj.optim.radam, rsgd, cayley_adam or landing — oj.optim.stiefel_muon for Muon "
-          f"on the manifold — or make them plain nnx.Param.", UserWarning, stacklevel=3)
+          f"on the manifold — or make them plain nnx.Param (a chain of your own that keeps "
+          f"them: declare it, oj.optim.ManifoldTransformation(*chain)).", UserWarning,
+          stacklevel=3)
 

@@ -11,8 +11,8 @@ import optax
 from orthojax import linalg
 from orthojax import penalties
 from orthojax.optim._checks import check_rate, check_static, traced
+from orthojax.optim._recorded import views_from_init
 from orthojax.optim._scope import scoped
-from orthojax.optim.execution.recorded import reads_recorded_views
 
 
 class AddOrthogonalityPenaltyState(NamedTuple):
@@ -25,7 +25,6 @@ class AddOrthogonalityPenaltyState(NamedTuple):
   count: jnp.ndarray
 
 
-@reads_recorded_views
 def add_orthogonality_penalty(
     kind: Any,
     strength: optax.ScalarOrSchedule,
@@ -101,6 +100,13 @@ def add_orthogonality_penalty(
       other than ``"srip"``, or ``iterations < 1``.
   """
   fn = penalties.get_penalty(kind)
+  kwargs = _penalty_options(kind, gain, reduction, iterations)
+  check_rate("add_orthogonality_penalty", strength, "strength", allow_zero=True)
+  return views_from_init(lambda v: _add_penalty(fn, kwargs, strength, mask, v), views)
+
+
+def _penalty_options(kind: Any, gain: Any, reduction: str, iterations: Any) -> dict[str, Any]:
+  """The keyword arguments of the penalty ``kind`` (checked: the docstring's Raises)."""
   kwargs: dict[str, Any] = {}
   if callable(kind):
     if reduction != "sum":
@@ -124,7 +130,10 @@ def add_orthogonality_penalty(
     kwargs["iterations"] = int(iterations)
   elif not traced(iterations) and iterations != 2:
     raise ValueError(f"iterations={iterations!r} only applies to kind='srip', got kind={kind!r}")
-  check_rate("add_orthogonality_penalty", strength, "strength", allow_zero=True)
+  return kwargs
+
+
+def _add_penalty(fn, kwargs, strength, mask, views):
   scheduled = callable(strength)
 
   def init_fn(params):
@@ -144,7 +153,8 @@ def add_orthogonality_penalty(
       lam = strength
 
     grads = linalg.map_views(lambda w, view: jax.grad(lambda x: fn(x, view=view, **kwargs))(w),
-                             params, mask=True if mask is None else mask, views=views, default=lambda leaf: None)
+                             params, mask=True if mask is None else mask, views=views,
+                             default=lambda leaf: None)
 
     def add(u, g):
       if u is None or g is None:

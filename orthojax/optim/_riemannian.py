@@ -31,33 +31,16 @@ import optax
 
 from orthojax import linalg
 from orthojax.linalg import map_views, unzip
-from orthojax.manifolds import Manifold, Stiefel
-from orthojax.optim._checks import check_decay, check_matrices, traced
+from orthojax.manifolds import Manifold
+from orthojax.optim._checks import (check_bucket, check_decay, check_manifold, check_matrices,
+                                     check_second_moment, require_params, traced)
+from orthojax.optim._keeps import keeping
+from orthojax.optim._recorded import views_from_init
 from orthojax.optim._scope import scoped
-from orthojax.optim.execution.recorded import reads_recorded_views
-
-_SECOND_MOMENTS = ("elementwise", "matrix", "matrix_sum")
 
 
-
-def _buckets(manifold: Manifold) -> bool | str:
-  """How :func:`orthojax.linalg.map_views` may stack this manifold's matrices: a
-  Stiefel step maps zero rows to zero rows, so near shapes share a padded bucket;
-  the oblique manifold normalises rows, so only equal shapes do."""
-  return "pad" if isinstance(manifold, Stiefel) else True
-
-def _require_params(params, who):
-  if params is None:
-    raise ValueError(f"{who} needs the current params: call tx.update(updates, state, params)")
-
-
-def _check_manifold(manifold, who):
-  if not isinstance(manifold, Manifold):
-    raise TypeError(f"{who}: manifold must be an orthojax.manifolds.Manifold, got {manifold!r}")
-
-
-@reads_recorded_views
-def project_to_tangent(manifold: Manifold, views: Any = None) -> optax.GradientTransformation:
+def project_to_tangent(manifold: Manifold, views: Any = None,
+                       bucket: str = "pad") -> optax.GradientTransformation:
   """Euclidean gradient -> Riemannian gradient (``manifold.egrad_to_rgrad``).
 
   For the Stiefel manifold with the Euclidean metric this is
@@ -67,18 +50,25 @@ def project_to_tangent(manifold: Manifold, views: Any = None) -> optax.GradientT
   Args:
     manifold: an :class:`orthojax.manifolds.Manifold`.
     views: per-leaf matrix views (``orthojax.linalg.map_views``); None (default): those
-      the parameters' Variables record, on the ``nnx.Optimizer`` path
-      (:class:`orthojax.optim.RecordedViewsState`), else inferred.
+      the parameters' Variables record, read at ``init`` on the ``nnx.Optimizer`` path
+      and kept in the state (:class:`orthojax.optim.RecordedViewsState`), else inferred.
+    bucket: how the update runs over many matrices (:data:`orthojax.linalg.BUCKETS`):
+      ``"pad"`` (default: zero-padded stacks of a shared small side), ``"shape"``
+      (stacks of one shape) or ``"per_leaf"``; the same updates to rounding.
 
   Returns:
     A stateless ``optax.GradientTransformation``.
   """
-  _check_manifold(manifold, "project_to_tangent")
+  check_manifold("project_to_tangent", manifold)
+  check_bucket("project_to_tangent", bucket)
+  return views_from_init(lambda v: _project_to_tangent(manifold, v, bucket), views)
 
+
+def _project_to_tangent(manifold, views, bucket):
   def update_fn(updates, state, params=None):
-    _require_params(params, "project_to_tangent")
+    require_params("project_to_tangent", params)
     out = map_views(lambda w, g, view: manifold.egrad_to_rgrad(w, g, view=view),
-                    params, updates, views=views, bucket=_buckets(manifold))
+                    params, updates, views=views, bucket=bucket)
     return out, state
 
   return optax.GradientTransformation(lambda params: optax.EmptyState(),
@@ -90,10 +80,9 @@ class RiemannianMomentumState(NamedTuple):
   trace: optax.Params
 
 
-@reads_recorded_views
 def riemannian_momentum(manifold: Manifold, momentum: float = 0.9, nesterov: bool = False,
-                        views: Any = None,
-                        accumulator_dtype: Any = None) -> optax.GradientTransformation:
+                        views: Any = None, accumulator_dtype: Any = None,
+                        bucket: str = "pad") -> optax.GradientTransformation:
   """Heavy-ball / Nesterov momentum with the trace transported by projection.
 
   ``m_t = mu * P_{W_t}(m_{t-1}) + g_t``; the output is ``m_t`` (heavy ball) or
@@ -104,32 +93,37 @@ def riemannian_momentum(manifold: Manifold, momentum: float = 0.9, nesterov: boo
     manifold: the manifold the params live on.
     momentum: decay ``mu`` in [0, 1).
     nesterov: Nesterov's variant.
-    views: per-leaf matrix views; None (default): those the parameters' Variables
-      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
-      else inferred.
+    views: per-leaf matrix views; None (default): as :func:`project_to_tangent`.
     accumulator_dtype: dtype of the trace (default: the params').
+    bucket: as :func:`project_to_tangent`.
 
   Returns:
     An ``optax.GradientTransformation``; expects Riemannian gradients (put
     :func:`project_to_tangent` before it).
   """
-  _check_manifold(manifold, "riemannian_momentum")
+  check_manifold("riemannian_momentum", manifold)
   check_decay("riemannian_momentum", momentum, "momentum")
+  check_bucket("riemannian_momentum", bucket)
+  return views_from_init(
+      lambda v: _riemannian_momentum(manifold, momentum, nesterov, v, accumulator_dtype,
+                                     bucket), views)
 
+
+def _riemannian_momentum(manifold, momentum, nesterov, views, accumulator_dtype, bucket):
   def init_fn(params):
     check_matrices("riemannian_momentum", params, views)
     return RiemannianMomentumState(
         trace=optax.tree.zeros_like(params, dtype=accumulator_dtype))
 
   def update_fn(updates, state, params=None):
-    _require_params(params, "riemannian_momentum")
+    require_params("riemannian_momentum", params)
 
     def leaf(w, g, m, view):
       m = momentum * manifold.transport(w, m.astype(g.dtype), view=view) + g
       out = g + momentum * m if nesterov else m
       return out, m.astype(accumulator_dtype or m.dtype)
 
-    pairs = map_views(leaf, params, updates, state.trace, views=views, bucket=_buckets(manifold))
+    pairs = map_views(leaf, params, updates, state.trace, views=views, bucket=bucket)
     out, trace = unzip(pairs, updates)
     return out, RiemannianMomentumState(trace=trace)
 
@@ -143,7 +137,6 @@ class ScaleByRiemannianAdamState(NamedTuple):
   nu: optax.Params
 
 
-@reads_recorded_views
 def scale_by_riemannian_adam(
     manifold: Manifold,
     b1: float = 0.9,
@@ -154,6 +147,7 @@ def scale_by_riemannian_adam(
     nesterov: bool = False,
     mu_dtype: Any = None,
     views: Any = None,
+    bucket: str = "pad",
 ) -> optax.GradientTransformation:
   """Riemannian Adam (Bécigneul & Ganea 2019) with the first moment transported.
 
@@ -189,22 +183,28 @@ def scale_by_riemannian_adam(
     second_moment: "elementwise", "matrix" or "matrix_sum".
     nesterov: Nesterov-style first moment (as ``optax.scale_by_adam``).
     mu_dtype: dtype of the first moment.
-    views: per-leaf matrix views; None (default): those the parameters' Variables
-      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
-      else inferred.
+    views: per-leaf matrix views; None (default): as :func:`project_to_tangent`.
+    bucket: as :func:`project_to_tangent` (a per-matrix second moment keeps exact-shape
+      stacks).
 
   Returns:
     An ``optax.GradientTransformation``; expects Riemannian gradients.
   """
-  _check_manifold(manifold, "scale_by_riemannian_adam")
-  check_decay("scale_by_riemannian_adam", b1, "b1")
-  check_decay("scale_by_riemannian_adam", b2, "b2")
+  who = "scale_by_riemannian_adam"
+  check_manifold(who, manifold)
+  check_decay(who, b1, "b1")
+  check_decay(who, b2, "b2")
   if not traced(eps) and not eps > 0.0:
-    raise ValueError(f"scale_by_riemannian_adam: eps must be > 0, got {eps}")
-  if second_moment not in _SECOND_MOMENTS:
-    raise ValueError(f"scale_by_riemannian_adam: unknown second_moment={second_moment!r}; "
-                     f"choose one of {_SECOND_MOMENTS}")
+    raise ValueError(f"{who}: eps must be > 0, got {eps}")
+  check_second_moment(who, second_moment)
+  check_bucket(who, bucket)
+  options = dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, second_moment=second_moment,
+                 nesterov=nesterov, mu_dtype=mu_dtype, bucket=bucket)
+  return views_from_init(lambda v: _scale_by_riemannian_adam(manifold, v, **options), views)
 
+
+def _scale_by_riemannian_adam(manifold, views, *, b1, b2, eps, eps_root, second_moment,
+                              nesterov, mu_dtype, bucket):
   def init_fn(params):
     check_matrices("scale_by_riemannian_adam", params, views)
     mu = optax.tree.zeros_like(params, dtype=mu_dtype)
@@ -214,11 +214,11 @@ def scale_by_riemannian_adam(
         return jnp.zeros_like(w)
       return jnp.zeros(linalg.layout(w.shape, view).batch_shape, w.dtype)
 
-    nu = map_views(nu_leaf, params, views=views, bucket=True)
+    nu = map_views(nu_leaf, params, views=views)
     return ScaleByRiemannianAdamState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu)
 
   def update_fn(updates, state, params=None):
-    _require_params(params, "scale_by_riemannian_adam")
+    require_params("scale_by_riemannian_adam", params)
     count = optax.safe_increment(state.count)
 
     def leaf(w, g, m, v, view):
@@ -245,7 +245,7 @@ def scale_by_riemannian_adam(
         d = lo.from_matrix(lo.to_matrix(m_hat) / denom[..., None, None])
       return d.astype(g.dtype), (m.astype(mu_dtype or m.dtype), v)
 
-    pairs = map_views(leaf, params, updates, state.mu, state.nu, views=views, bucket=_buckets(manifold))
+    pairs = map_views(leaf, params, updates, state.mu, state.nu, views=views, bucket=bucket)
     out, mv = unzip(pairs, updates)
     mu, nu = unzip(mv, state.mu)
     return out, ScaleByRiemannianAdamState(count=count, mu=mu, nu=nu)
@@ -258,9 +258,8 @@ class RetractState(NamedTuple):
   count: jnp.ndarray
 
 
-@reads_recorded_views
-def retract(manifold: Manifold, views: Any = None,
-            reorthonormalize_every: int | None = None) -> optax.GradientTransformation:
+def retract(manifold: Manifold, views: Any = None, reorthonormalize_every: int | None = None,
+            bucket: str = "pad") -> optax.GradientTransformation:
   """Last link of a Riemannian chain: turns a step ``u`` into ``R_W(u) - W``.
 
   ``optax.apply_updates(W, retract(...)(u))`` then returns the retraction
@@ -270,9 +269,7 @@ def retract(manifold: Manifold, views: Any = None,
 
   Args:
     manifold: the manifold (its ``retraction`` option picks the map).
-    views: per-leaf matrix views; None (default): those the parameters' Variables
-      record, on the ``nnx.Optimizer`` path (:class:`orthojax.optim.RecordedViewsState`),
-      else inferred.
+    views: per-leaf matrix views; None (default): as :func:`project_to_tangent`.
     reorthonormalize_every: if set, every this many steps the new point is
       replaced by the closest point of the manifold
       (``manifold.reorthonormalize``: Newton–Schulz steps for Stiefel),
@@ -282,18 +279,25 @@ def retract(manifold: Manifold, views: Any = None,
       retraction is followed at every step by Newton–Schulz steps (usually
       one; :func:`orthojax.manifolds.polish`), which keep them at rounding
       level.
+    bucket: as :func:`project_to_tangent`.
 
   Returns:
-    An ``optax.GradientTransformation``.
+    A :class:`orthojax.optim.ManifoldTransformation`: it keeps its leaves on the
+    manifold.
   """
-  _check_manifold(manifold, "retract")
+  check_manifold("retract", manifold)
+  check_bucket("retract", bucket)
   if (reorthonormalize_every is not None and not traced(reorthonormalize_every)
       and int(reorthonormalize_every) < 1):
     raise ValueError(f"retract: reorthonormalize_every must be None or >= 1, "
                      f"got {reorthonormalize_every}")
+  return views_from_init(
+      lambda v: keeping(_retract(manifold, v, reorthonormalize_every, bucket)), views)
 
+
+def _retract(manifold, views, reorthonormalize_every, bucket):
   def update_fn(updates, state, params=None):
-    _require_params(params, "retract")
+    require_params("retract", params)
     count = optax.safe_increment(state.count)
 
     def leaf(w, u, view):
@@ -304,7 +308,7 @@ def retract(manifold: Manifold, views: Any = None,
                                 lambda y: y, y)
       return (y - w).astype(u.dtype)
 
-    return map_views(leaf, params, updates, views=views, bucket=_buckets(manifold)), RetractState(count=count)
+    return map_views(leaf, params, updates, views=views, bucket=bucket), RetractState(count=count)
 
   return optax.GradientTransformation(
       lambda params: RetractState(count=jnp.zeros([], jnp.int32)),

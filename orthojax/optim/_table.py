@@ -2,10 +2,14 @@
 
 Everything that asks about an orthojax optimizer reads :data:`OPTIMIZER_TABLE`: the
 config's registry (:data:`orthojax.train.registry.OPTIMIZERS`, by name) and its checks
-(which parameter group may name which optimizer), :func:`orthojax.optim.partition`
-(through :func:`orthojax.optim.keeps_manifold`: the constructor of a row that keeps
-marks what it builds), and the trainer, which owner-shards every optimizer of the
-table (:func:`orthojax.optim.shard_update`; they are all per-leaf matrix updates).
+(which parameter group may name which optimizer), and the trainer, which owner-shards
+every optimizer of the table (:func:`orthojax.optim.shard_update`; they are all per-leaf
+matrix updates). Every row's constructor takes ``views`` and ``bucket``
+(:data:`orthojax.linalg.BUCKETS`), which the trainer's config sections set.
+
+Whether a row keeps its parameters on their manifold is what its constructor returns
+(a :class:`orthojax.optim.ManifoldTransformation`: :mod:`orthojax.optim._keeps`); the
+``keeps_manifold`` column reads it from a transformation the constructor builds.
 
 Adding an optimizer is adding a row: its public name ``oj.optim.<name>`` is the row's
 constructor.
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Callable
 
 import optax
 
@@ -25,8 +29,7 @@ from orthojax.optim import _fused
 from orthojax.optim import _fused_momentum
 from orthojax.optim import _landing
 from orthojax.optim import _muon
-from orthojax.optim import _riemannian
-from orthojax.optim._keeps import mark
+from orthojax.optim._keeps import keeps_manifold
 
 Constructor = Callable[..., optax.GradientTransformation]
 
@@ -40,48 +43,36 @@ class OptimizerEntry:
     constructor: the public constructor (``oj.optim.<name>``).
     manifolds: the manifold parameter groups it may update (``"stiefel"``,
       ``"oblique"``: the labels :func:`orthojax.nn.manifold_labels` gives).
-    keeps_manifold: its update keeps those parameters on their manifold (it ends in a
-      retraction or is a manifold method). False for an orthogonalized Euclidean step
-      (Muon): a manifold group may name it, and its parameters then leave the
-      manifold; only an optimizer that does not keep it may serve Euclidean parameters.
   """
 
   name: str
   constructor: Constructor
   manifolds: tuple[str, ...]
-  keeps_manifold: bool
 
-
-def _marking(constructor: Constructor) -> Constructor:
-  """``constructor`` whose transformations :func:`keeps_manifold` recognises."""
-
-  @functools.wraps(constructor)
-  def build(*args: Any, **kwargs: Any) -> optax.GradientTransformation:
-    return mark(constructor(*args, **kwargs))
-
-  return build
-
-
-def _entry(name: str, constructor: Constructor, manifolds: tuple[str, ...],
-           keeps_manifold: bool) -> OptimizerEntry:
-  public = _marking(constructor) if keeps_manifold else constructor
-  return OptimizerEntry(name, public, manifolds, keeps_manifold)
+  @functools.cached_property
+  def keeps_manifold(self) -> bool:
+    """Its update keeps those parameters on their manifold (it ends in a retraction or is
+    a manifold method): what its constructor returns says so
+    (:func:`orthojax.optim.keeps_manifold`). False for an orthogonalized Euclidean step
+    (Muon): a manifold group may name it, and its parameters then leave the manifold;
+    only an optimizer that does not keep it may serve Euclidean parameters."""
+    return keeps_manifold(self.constructor(1e-3))
 
 
 _BOTH = ("stiefel", "oblique")
 _STIEFEL = ("stiefel",)
 
 OPTIMIZER_TABLE: tuple[OptimizerEntry, ...] = (
-    _entry("rsgd", _alias.rsgd, _BOTH, True),
-    _entry("radam", _alias.radam, _BOTH, True),
-    _entry("projected_gradient", _alias.projected_gradient, _BOTH, True),
-    _entry("cayley_sgd", _cayley.cayley_sgd, _STIEFEL, True),
-    _entry("cayley_adam", _cayley.cayley_adam, _STIEFEL, True),
-    _entry("landing", _landing.landing, _STIEFEL, True),
-    _entry("muon", _muon.muon, _STIEFEL, False),
-    _entry("stiefel_muon", _muon.stiefel_muon, _STIEFEL, True),
-    _entry("fused_stiefel_adam", _fused.fused_stiefel_adam, _STIEFEL, True),
-    _entry("fused_stiefel_momentum", _fused_momentum.fused_stiefel_momentum, _STIEFEL, True),
+    OptimizerEntry("rsgd", _alias.rsgd, _BOTH),
+    OptimizerEntry("radam", _alias.radam, _BOTH),
+    OptimizerEntry("projected_gradient", _alias.projected_gradient, _BOTH),
+    OptimizerEntry("cayley_sgd", _cayley.cayley_sgd, _STIEFEL),
+    OptimizerEntry("cayley_adam", _cayley.cayley_adam, _STIEFEL),
+    OptimizerEntry("landing", _landing.landing, _STIEFEL),
+    OptimizerEntry("muon", _muon.muon, _STIEFEL),
+    OptimizerEntry("stiefel_muon", _muon.stiefel_muon, _STIEFEL),
+    OptimizerEntry("fused_stiefel_adam", _fused.fused_stiefel_adam, _STIEFEL),
+    OptimizerEntry("fused_stiefel_momentum", _fused_momentum.fused_stiefel_momentum, _STIEFEL),
 )
 """The library's optimizers (see the module docstring), in the order configs list them."""
 
@@ -103,6 +94,3 @@ muon = _BY_NAME["muon"].constructor
 stiefel_muon = _BY_NAME["stiefel_muon"].constructor
 fused_stiefel_adam = _BY_NAME["fused_stiefel_adam"].constructor
 fused_stiefel_momentum = _BY_NAME["fused_stiefel_momentum"].constructor
-
-# The building block that keeps: a chain of your own that ends in it keeps its leaves.
-retract = _marking(_riemannian.retract)

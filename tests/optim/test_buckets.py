@@ -1,5 +1,6 @@
-"""Same-shape buckets (``oj.linalg.map_views(bucket=True)``): one batched chain of kernels
-per bucket of same-shape matrices equals one chain per leaf, and the state stays per leaf."""
+"""Buckets (every optimizer's ``bucket`` keyword, ``oj.linalg.map_views(bucket=...)``): one
+batched chain of kernels per bucket of same-shape or zero-padded matrices equals one chain
+per leaf, and the state stays per leaf."""
 
 from __future__ import annotations
 
@@ -37,27 +38,31 @@ def _tree(key, manifold, shapes=SHAPES):
   return params, grads
 
 
-OPTIMIZERS = {
-    "radam_qr": lambda: oj.optim.radam(1e-2, STIEFEL, views=VIEWS),
+OPTIMIZERS = {   # each a function of the bucket keyword
+    "radam_qr": lambda bucket="pad": oj.optim.radam(1e-2, STIEFEL, views=VIEWS, bucket=bucket),
     # The fused path's retraction and its second moment are independent code
     # (tests/optim/test_fused.py): the Cayley retraction with the matrix second moment.
-    "radam_cayley_matrix_nu": lambda: oj.optim.radam(
-        1e-2, oj.manifolds.Stiefel("cayley"), second_moment="matrix", views=VIEWS),
-    "radam_oblique": lambda: oj.optim.radam(1e-2, OBLIQUE, views=VIEWS),   # the chain path
-    "rsgd_momentum": lambda: oj.optim.rsgd(1e-2, STIEFEL, momentum=0.9, nesterov=True,
-                                           views=VIEWS),
-    "cayley_sgd": lambda: oj.optim.cayley_sgd(1e-2, views=VIEWS),
-    "cayley_adam": lambda: oj.optim.cayley_adam(1e-2, views=VIEWS),
-    "landing": lambda: oj.optim.landing(1e-2, views=VIEWS),
-    "projected_gradient": lambda: oj.optim.projected_gradient(1e-2, STIEFEL, views=VIEWS),
-    "muon": lambda: oj.optim.muon(1e-2, views=VIEWS),
-    "muon_polar_express": lambda: oj.optim.muon(1e-2, ns_coeffs="polar_express", views=VIEWS),
-    "stiefel_muon": lambda: oj.optim.stiefel_muon(1e-2, views=VIEWS),
+    "radam_cayley_matrix_nu": lambda bucket="pad": oj.optim.radam(
+        1e-2, oj.manifolds.Stiefel("cayley"), second_moment="matrix", views=VIEWS,
+        bucket=bucket),
+    "radam_oblique": lambda bucket="pad": oj.optim.radam(   # the chain path
+        1e-2, OBLIQUE, views=VIEWS, bucket=bucket),
+    "rsgd_momentum": lambda bucket="pad": oj.optim.rsgd(
+        1e-2, STIEFEL, momentum=0.9, nesterov=True, views=VIEWS, bucket=bucket),
+    "cayley_sgd": lambda bucket="pad": oj.optim.cayley_sgd(1e-2, views=VIEWS, bucket=bucket),
+    "cayley_adam": lambda bucket="pad": oj.optim.cayley_adam(1e-2, views=VIEWS, bucket=bucket),
+    "landing": lambda bucket="pad": oj.optim.landing(1e-2, views=VIEWS, bucket=bucket),
+    "projected_gradient": lambda bucket="pad": oj.optim.projected_gradient(
+        1e-2, STIEFEL, views=VIEWS, bucket=bucket),
+    "muon": lambda bucket="pad": oj.optim.muon(1e-2, views=VIEWS, bucket=bucket),
+    "muon_polar_express": lambda bucket="pad": oj.optim.muon(
+        1e-2, ns_coeffs="polar_express", views=VIEWS, bucket=bucket),
+    "stiefel_muon": lambda bucket="pad": oj.optim.stiefel_muon(1e-2, views=VIEWS,
+                                                                bucket=bucket),
 }
 
 
-def _steps(make, params, grads, steps=3):
-  tx = make()
+def _steps(tx, params, grads, steps=3):
   state = tx.init(params)
   step = jax.jit(tx.update)
   out = []
@@ -68,13 +73,13 @@ def _steps(make, params, grads, steps=3):
   return out, state
 
 
-@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_bucketed_update_equals_the_per_leaf_update(name):
+@pytest.mark.parametrize("name, bucket", [(name, "pad") for name in sorted(OPTIMIZERS)] + [
+    ("radam_qr", "shape"), ("radam_oblique", "shape"), ("landing", "shape")])
+def test_bucketed_update_equals_the_per_leaf_update(name, bucket):
   manifold = OBLIQUE if name == "radam_oblique" else STIEFEL
   params, grads = _tree(jax.random.PRNGKey(0), manifold, SMALL)
-  bucketed, state_b = _steps(OPTIMIZERS[name], params, grads)
-  with oj.linalg.bucketing(False):
-    per_leaf, state_l = _steps(OPTIMIZERS[name], params, grads)
+  bucketed, state_b = _steps(OPTIMIZERS[name](bucket), params, grads)
+  per_leaf, state_l = _steps(OPTIMIZERS[name]("per_leaf"), params, grads)
   assert jax.tree.structure(state_b) == jax.tree.structure(state_l)
   for b, l in zip(bucketed, per_leaf):
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=2e-5, atol=2e-6), b, l)
@@ -84,8 +89,7 @@ def test_bucketed_update_equals_the_per_leaf_update(name):
 
 
 
-def _primitives(make, params, grads):
-  tx = make()
+def _primitives(tx, params, grads):
   jaxpr = jax.make_jaxpr(lambda p, g: tx.update(g, tx.init(p), p))(params, grads).jaxpr
   counts: dict[str, int] = {}
 
@@ -106,9 +110,8 @@ def test_one_chain_of_products_per_bucket_not_per_leaf(name):
   """11 leaves in 7 buckets (stem, a × 3, b1, proj, b × 2, head × 2, stack): the traced
   update holds the stacking and the per-bucket products, far fewer than per leaf."""
   params, grads = _tree(jax.random.PRNGKey(1), STIEFEL)
-  bucketed = _primitives(OPTIMIZERS[name], params, grads)
-  with oj.linalg.bucketing(False):
-    per_leaf = _primitives(OPTIMIZERS[name], params, grads)
+  bucketed = _primitives(OPTIMIZERS[name](), params, grads)
+  per_leaf = _primitives(OPTIMIZERS[name]("per_leaf"), params, grads)
   assert "stack" not in per_leaf and bucketed["stack"] > 0
   assert bucketed["dot_general"] * 11 <= per_leaf["dot_general"] * 7 + 11 * 11
 
@@ -120,23 +123,31 @@ def test_map_views_buckets_only_where_asked():
   oj.linalg.map_views(lambda w, view: seen.append(w.shape) or jnp.sum(w), params)
   assert seen == [(4, 3), (4, 3)]
   seen.clear()
-  out = oj.linalg.map_views(lambda w, view: seen.append(w.shape) or 2 * w, params, bucket=True)
+  out = oj.linalg.map_views(lambda w, view: seen.append(w.shape) or 2 * w, params,
+                            bucket="shape")
   assert seen == [(2, 4, 3)]
   np.testing.assert_array_equal(out["b"], 4 * jnp.ones((4, 3)))
 
 
-def test_the_wrappers_fix_bucketing_for_one_transformation():
-  """``oj.optim.per_leaf(tx)`` traces the program ``oj.linalg.bucketing(False)`` traces,
-  wherever it runs; ``oj.optim.bucketed(tx)`` keeps its buckets inside that block."""
+@pytest.mark.parametrize("make", [
+    lambda bucket: oj.optim.radam(1e-2, views=VIEWS, bucket=bucket),
+    lambda bucket: oj.linalg.map_views(lambda w, view: w, {"a": jnp.ones((2, 2))},
+                                       bucket=bucket)])
+def test_an_unknown_bucket_is_refused_in_one_line(make):
+  with pytest.raises(ValueError, match=r"bucket='padded'; choose one of "
+                     r"\('pad', 'shape', 'per_leaf'\)"):
+    make("padded")
+
+
+def test_the_bucket_keyword_is_the_whole_switch():
+  """``bucket="per_leaf"`` traces one chain per leaf, ``"pad"`` stacks; the keyword alone
+  decides (no ambient switch), and either way radam keeps its manifold."""
   params, grads = _tree(jax.random.PRNGKey(1), STIEFEL)
-  make = OPTIMIZERS["radam_qr"]
-  per_leaf = _primitives(lambda: oj.optim.per_leaf(make()), params, grads)
-  with oj.linalg.bucketing(False):
-    reference = _primitives(make, params, grads)
-    forced = _primitives(lambda: oj.optim.bucketed(make()), params, grads)
-  assert per_leaf == reference and "stack" not in per_leaf
-  assert forced == _primitives(make, params, grads) and forced["stack"] > 0
-  assert oj.optim.keeps_manifold(oj.optim.per_leaf(make()))
+  per_leaf = _primitives(OPTIMIZERS["radam_qr"]("per_leaf"), params, grads)
+  padded = _primitives(OPTIMIZERS["radam_qr"]("pad"), params, grads)
+  assert "stack" not in per_leaf and padded["stack"] > 0
+  assert padded == _primitives(OPTIMIZERS["radam_qr"](), params, grads)   # the default
+  assert oj.optim.keeps_manifold(OPTIMIZERS["radam_qr"]("per_leaf"))
 
 
 def _recording_newton_schulz(seen):
@@ -166,8 +177,7 @@ def test_padded_buckets_stack_matrices_that_share_their_small_side():
   padded = oj.linalg.map_views(orthogonalize, params, views=views, bucket="pad")
   assert seen == [(5, 72, 8)]   # 1 + 1 + 1 + 2 matrices of 8 columns, 72 rows
   seen.clear()
-  with oj.linalg.bucketing(False):
-    alone = oj.linalg.map_views(orthogonalize, params, views=views, bucket="pad")
+  alone = oj.linalg.map_views(orthogonalize, params, views=views, bucket="per_leaf")
   assert len(seen) == 4
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6),
                padded, alone)

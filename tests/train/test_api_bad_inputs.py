@@ -217,12 +217,22 @@ def test_the_library_names_the_bad_argument(call, error, message):
 @pytest.mark.parametrize("tx, drifts", [
     (oj.optim.muon(1e-3), True), (optax.adam(1e-3), True),
     (oj.optim.radam(1e-3, oj.manifolds.Stiefel()), False),
-    (optax.chain(optax.clip(1.0), oj.optim.rsgd(1e-3, oj.manifolds.Stiefel())), False),
+    # optax.chain does not say what its links do: a chain keeps only where it is declared
+    # to (what its last link does decides: scaling a retraction's step leaves the manifold).
+    (oj.optim.ManifoldTransformation(
+        *optax.chain(optax.clip(1.0), oj.optim.rsgd(1e-3, oj.manifolds.Stiefel()))), False),
+    (optax.chain(optax.clip(1.0), oj.optim.rsgd(1e-3, oj.manifolds.Stiefel())), True),
+    (optax.chain(oj.optim.rsgd(1e-3, oj.manifolds.Stiefel()), optax.scale(2.0)), True),
     (oj.optim.stiefel_muon(1e-3), False), (oj.optim.cayley_adam(1e-3), False),
-    (oj.optim.landing(1e-3), False)],
-    ids=["muon", "adam", "radam", "chain(clip, rsgd)", "stiefel_muon", "cayley_adam",
-         "landing"])
+    (oj.optim.landing(1e-3), False),
+    (lambda mesh: oj.optim.shard_update(oj.optim.radam(1e-3), mesh), False),
+    (lambda mesh: oj.optim.shard_update(oj.optim.muon(1e-3), mesh), True)],
+    ids=["muon", "adam", "radam", "declared chain(clip, rsgd)", "chain(clip, rsgd)",
+         "chain(rsgd, scale)", "stiefel_muon", "cayley_adam", "landing", "sharded radam",
+         "sharded muon"])
 def test_partition_reports_a_stiefel_leaf_sent_where_it_would_drift(tx, drifts):
+  if not isinstance(tx, optax.GradientTransformation):   # sharded over two devices
+    tx = tx(jax.make_mesh((2,), ("data",), devices=jax.devices()[:2]))
   model = _StiefelNet(nnx.Rngs(0))
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")

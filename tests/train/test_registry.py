@@ -28,8 +28,6 @@ NOT_IN_A_REGISTRY = {
     "optimizer_entry": "a question about an optimizer's name, not one",
     "shard_update": "a wrapper the trainer applies (config.mesh.shard_update)",
     "replicated_state": "a state conversion",
-    "bucketed": "a wrapper (same-shape buckets on or off)",
-    "per_leaf": "a wrapper (same-shape buckets off)",
     "sharded_state": "a state conversion",
     "num_owners": "a mesh query",
     "plan": "the sharded update's plan (config.mesh.shard_update)",

@@ -1,19 +1,17 @@
-"""The execution layer: how a per-leaf transformation runs over many leaves.
+"""The execution layer: how a per-leaf transformation runs over many devices.
 
-Two wrappers answer that question:
+**Owner sharding** (pods, :func:`shard_update`): each matrix has one owner device, which
+holds its optimizer state and computes its update; the new values are shared. It is
+applied explicitly, like optax's wrappers — ``shard_update(tx, mesh, views=...)`` around
+a transformation — and keeps the state users and checkpoints see per leaf
+(:func:`replicated_state`). The trainer applies it to the optimizers of
+:data:`orthojax.optim.OPTIMIZER_TABLE` (``orthojax.train.optimizers.update_sharding``).
+This package sits above the algorithms: it imports them, they never import it.
 
-* **owner sharding** (pods, :func:`shard_update`): each matrix has one owner device,
-  which holds its optimizer state and computes its update; the new values are shared;
-* **bucketing** (one accelerator, :func:`bucketed`): leaves whose matrix views share
-  shape, dtype and options are stacked and updated by one batched program (on by
-  default; ``per_leaf(tx)`` turns it off for one transformation).
-
-They compose (an owner buckets its own matrices) and keep the state users and
-checkpoints see per leaf (:func:`replicated_state`). Both are applied explicitly,
-like optax's wrappers — ``shard_update(tx, mesh, views=...)``, ``bucketed(tx, enabled)``
-around a transformation; no ambient context, no decorator inside the algorithms. The trainer
-applies it to the optimizers of :data:`orthojax.optim.OPTIMIZER_TABLE`
-(``orthojax.train.optimizers.update_sharding``). One module per concept:
+How one device runs a transformation over many matrices is the transformation's own
+``bucket`` keyword (:data:`orthojax.linalg.BUCKETS`: same-shape or zero-padded stacks
+updated by one batched program, or one program per leaf); an owner buckets its own
+matrices the same way. One module per concept:
 
 * ``owners`` — who owns which matrix (the mesh's owner
   axes, the cost model, the assignment);
@@ -22,11 +20,7 @@ applies it to the optimizers of :data:`orthojax.optim.OPTIMIZER_TABLE`
 * ``state`` — the sharded state, packed per owner, and its
   conversions to and from the per-leaf state;
 * ``sharded`` — :func:`shard_update` itself (with
-  ``stripes`` for the stacks striped over the owners);
-* ``buckets`` — :func:`bucketed` / :func:`per_leaf`;
-* ``recorded`` — the views a model's Variables record, kept from ``init`` for every
-  ``update`` on the ``nnx.Optimizer`` path (the optimizers and :func:`shard_update`
-  built without ``views=``).
+  ``stripes`` for the stacks striped over the owners).
 
 Why shard. Data parallelism replicates the optimizer: every device computes the whole
 orthogonalizing update (projection, transport, retraction, Newton–Schulz) of every
@@ -82,8 +76,6 @@ global-norm clip or a penalty summed over leaves is not, and must stay outside t
 wrapper.
 """
 
-from orthojax.optim.execution.buckets import bucketed
-from orthojax.optim.execution.buckets import per_leaf
 from orthojax.optim.execution.layout import OwnerState
 from orthojax.optim.execution.layout import Role
 from orthojax.optim.execution.layout import Slot
@@ -97,7 +89,6 @@ from orthojax.optim.execution.owners import owner_axes
 from orthojax.optim.execution.owners import split_cost
 from orthojax.optim.execution.owners import split_matrices
 from orthojax.optim.execution.planning import plan
-from orthojax.optim.execution.recorded import RecordedViewsState
 from orthojax.optim.execution.sharded import shard_update
 from orthojax.optim.execution.state import ShardedUpdateState
 from orthojax.optim.execution.state import replicated_state

@@ -32,7 +32,8 @@ from orthojax.optim.execution import stripes
 from orthojax.optim.execution.layout import UpdateLayout, aval, flatten, is_masked
 from orthojax.optim.execution.owners import num_owners, owner_axes
 from orthojax.optim.execution.planning import plan
-from orthojax.optim.execution.recorded import with_recorded_views
+from orthojax.optim._keeps import keeps_manifold, keeping
+from orthojax.optim._recorded import ViewsFromInit, views_from_init
 from orthojax.optim.execution.state import (ShardedUpdateState, pack, pack_state,
                                             unpack_state)
 
@@ -61,7 +62,10 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
     views: the per-leaf matrix views ``tx`` uses (``orthojax.linalg.map_views``);
       leaves without a matrix view (rank < 2, or a view ``False``) are updated
       on every device. None: inferred, or on the ``nnx.Optimizer`` path the views the
-      model's Variables record (as ``tx``'s own default).
+      model's Variables record, read at ``init`` and kept in the state
+      (:class:`orthojax.optim.RecordedViewsState`); a ``tx`` built without ``views=``
+      (a :class:`orthojax.optim.ViewsFromInit`) then runs its owners' pieces with the
+      same views (:meth:`~orthojax.optim.ViewsFromInit.with_views`).
     axes: the mesh axes whose devices own matrices (default: those of
       ``("data", "fsdp")`` the mesh has). Devices along other axes (``model``)
       repeat their owner's work.
@@ -79,8 +83,9 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
 
   Returns:
     A ``GradientTransformation`` with the same updates as ``tx`` (to float
-    rounding) and a :class:`ShardedUpdateState`; ``tx`` itself when there is a
-    single owner.
+    rounding) and a :class:`ShardedUpdateState` — a
+    :class:`~orthojax.optim.ManifoldTransformation` where ``tx`` is one; ``tx`` itself
+    when there is a single owner.
   """
   axes = owner_axes(mesh, axes)
   owners = num_owners(mesh, axes)
@@ -89,6 +94,21 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
                      f"the mean owner load (e.g. 1.0), or None to split nothing")
   if owners == 1:
     return tx
+  options = dict(mesh=mesh, axes=axes, owners=owners, split_above=split_above,
+                 stripe_stacks=stripe_stacks)
+  return views_from_init(lambda v: _sharded(_with_views(tx, v), views=v, **options), views)
+
+
+def _with_views(tx: optax.GradientTransformation, views: Any) -> optax.GradientTransformation:
+  """``tx`` as it runs under ``views``: a transformation built without ``views=`` follows
+  them (:meth:`orthojax.optim.ViewsFromInit.with_views`), any other is as given."""
+  return tx.with_views(views) if isinstance(tx, ViewsFromInit) else tx
+
+
+def _sharded(tx: optax.GradientTransformation, *, views: Any, mesh: Any, axes: Sequence[str],
+             owners: int, split_above: float | None, stripe_stacks: bool
+             ) -> optax.GradientTransformation:
+  """:func:`shard_update` of ``tx`` for the given ``views``."""
   layouts: dict[Any, UpdateLayout] = {}
 
   def layout_of(params: Any) -> UpdateLayout:
@@ -114,9 +134,7 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
     return _update(tx, layout, mesh, updates, state, params)
 
   sharded = optax.GradientTransformation(init_fn, update_fn)
-  # Without views=, the plan follows the views the Variables record on the nnx.Optimizer
-  # path, at init and at every update (whose params are bare).
-  return sharded if views is not None else with_recorded_views(sharded)
+  return keeping(sharded) if keeps_manifold(tx) else sharded
 
 
 def _init(tx: optax.GradientTransformation, layout: UpdateLayout, mesh: Any,
