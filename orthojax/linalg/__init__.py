@@ -23,6 +23,7 @@ from orthojax.linalg._qr import qr_orthonormalize
 from orthojax.linalg._skew import skew
 from orthojax.linalg._skew import sym
 from orthojax.linalg._tree import BUCKETS
+from orthojax.linalg._tree import PADDED_FLOPS
 from orthojax.linalg._tree import RecordedViews
 from orthojax.linalg._tree import leaf_names
 from orthojax.linalg._tree import map_views

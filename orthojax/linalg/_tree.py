@@ -236,11 +236,10 @@ def map_views(fn: Callable[..., Any], params: Any, *trees: Any, views: Any = Non
   * ``"pad"``: also stack matrices that differ only in their long side — every
     selected leaf as its tall matrices ``(n, p)`` (:meth:`Layout.to_tall`, batch axes
     flattened), zero rows appended up to the bucket's longest ``n`` — so a bucket is a
-    small side ``p`` and a dtype (Dion's "megabatching"): ResNet-50's 53 kernels in
-    their 20 shapes have 5 small sides. A matrix of ``PAD_FREELY_BELOW`` (2^22)
-    elements or more is padded only within its octave of long sides
-    (``2^(k-1) < n <= 2^k``): for it FLOPs, not launches, are the cost. ``fn`` then
-    sees ``(B, n_max, p)`` and must map zero rows to zero rows and not depend on how
+    small side ``p`` and a dtype (Dion's "megabatching"), as long as the padded rows
+    cost at most :data:`PADDED_FLOPS` (1.1) times the members' own (:func:`_padded_buckets`):
+    padding buys fewer launches with arithmetic, and where the arithmetic is the cost (a
+    GPU, a pod's step) it must stay near per leaf. ``fn`` then sees ``(B, n_max, p)`` and must map zero rows to zero rows and not depend on how
     many there are: true of Muon's Newton–Schulz (``X Xᵀ`` ignores them), a Stiefel
     or oblique projection and their retractions (QR, CholeskyQR, Cayley, polar, the
     columns' exponential map), elementwise moments; not of a per-matrix mean (a matrix
@@ -268,7 +267,9 @@ def map_views(fn: Callable[..., Any], params: Any, *trees: Any, views: Any = Non
     key = None if bucket == "per_leaf" else _bucket_key(leaf, rest, lo, bucket == "pad")
     buckets.setdefault(key if key is not None else ("leaf", i), []).append(i)
   trees = (leaves, *others)
-  for members in buckets.values():
+  groups = [part for key, members in buckets.items()
+            for part in (_padded_buckets(members, layouts) if key[0] == "padded" else [members])]
+  for members in groups:
     first = members[0]
     if len(members) == 1:
       out[first] = fn(*[t[first] for t in trees], view=per_view[first])
@@ -305,28 +306,48 @@ def _run_padded(fn: Callable[..., Any], trees: Sequence[list[Any]], layouts: lis
     start += count
 
 
-# Below 2^22 elements (a 2048 × 2048 matrix) a matrix joins any padded bucket of its small
-# side; from there on, only matrices whose long side is in its octave.
-PAD_FREELY_BELOW = 1 << 22
+PADDED_FLOPS = 1.1
+"""The most a padded bucket may cost over its members' own matrices: a per-matrix update
+on ``(n, p)`` costs ``∝ n p²`` (Newton–Schulz, CholeskyQR, a projection, a Cayley
+retraction in low-rank form), so a bucket of ``B`` matrices padded to ``n_max`` rows may
+hold them while ``B · n_max <= PADDED_FLOPS · Σ n``."""
+
+
+def _padded_buckets(members: list[int], layouts: dict[int, Any]) -> list[list[int]]:
+  """``members`` (one small side and dtype) in padded buckets within :data:`PADDED_FLOPS`.
+
+  Taken by long side, longest first, each joins the bucket before it while that bucket's
+  padded rows stay within ``PADDED_FLOPS`` times its own (equal shapes always do), else
+  starts the next. A bucket pads its matrices to its first one's rows.
+  """
+  out: list[list[int]] = []
+  padded = own = 0
+  for i in sorted(members, key=lambda i: -layouts[i].n):
+    lo = layouts[i]
+    count = math.prod(lo.batch_shape)
+    if out:
+      n_max = layouts[out[-1][0]].n
+      if (padded + count * n_max) <= PADDED_FLOPS * (own + count * lo.n):
+        out[-1].append(i)
+        padded, own = padded + count * n_max, own + count * lo.n
+        continue
+    out.append([i])
+    padded = own = count * lo.n
+  return out
 
 
 def _bucket_key(leaf: Any, rest: Sequence[Any], lo: Any, pad: bool = False) -> Any:
   """What leaves must share to be stacked: their layout and every matching leaf's
   shape and dtype (``pad``: only the tall matrices' small side and the dtypes, where
-  every matching leaf is shaped like the leaf); None (a bucket of its own) for a
-  matching leaf that is no array."""
+  every matching leaf is shaped like the leaf — :func:`_padded_buckets` then splits them
+  by cost); None (a bucket of its own) for a matching leaf that is no array."""
   avals = []
   for x in (leaf, *rest):
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
       return None
     avals.append((tuple(x.shape), str(x.dtype)))
   if pad and all(shape == avals[0][0] for shape, _ in avals):
-    # A small matrix's cost is its kernel launches: it joins every matrix of its small
-    # side. A large one's cost is its FLOPs: it joins only those whose long side is in
-    # its octave, so padding at most doubles its rows (a 1.3 B transformer's 2048²
-    # attention matrices padded to its MLP's 8192 rows cost Muon 5 % of the step).
-    rows = "small" if lo.n * lo.p < PAD_FREELY_BELOW else (lo.n - 1).bit_length()
-    return ("padded", lo.p, rows, tuple(dtype for _, dtype in avals))
+    return ("padded", lo.p, tuple(dtype for _, dtype in avals))
   return (tuple(avals), tuple(lo.perm), lo.transposed)
 
 
