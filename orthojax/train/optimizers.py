@@ -18,6 +18,12 @@
   and GmP angles, stacked or not (:func:`decay_mask`, by the axes the model's Variables
   record).
 * ``config.grad_clip_norm``: ``optax.clip_by_global_norm`` in front.
+* ``bucket`` in a group's section (a keyword of every library optimizer,
+  :data:`orthojax.linalg.BUCKETS`): how its update runs over the group's matrices on one
+  device — ``"pad"`` by default (matrices that share their small side stacked into one
+  batched program, zero-padded within 1.1x of their own FLOPs), ``"shape"`` (equal
+  shapes only) or ``"per_leaf"`` (one program per matrix). Owner-sharded, each owner
+  runs its own matrices the same way.
 * ``config.mesh.shard_update``: each group's optimizer of the library's table
   (:data:`orthojax.optim.OPTIMIZER_TABLE`) wrapped explicitly in
   :func:`orthojax.optim.shard_update` (:func:`update_sharding`); the penalty, the clip
