@@ -17,8 +17,8 @@ from experiments._harness import runs as runs_lib
 from experiments._harness.runs import Run
 from orthojax.compile import aot
 from orthojax.compile import topology
-from orthojax.train import config as config_lib
 from orthojax.train import program
+from orthojax.train import resume
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
 
@@ -34,8 +34,8 @@ def check_fixed(base: Config, fixed: Mapping[str, str], experiment: str,
   A key ending in ``.*`` stands for every key of that section but ``name`` and
   ``data_dir``.
   """
-  tree = config_lib.flatten(base.to_dict())
-  defaults = config_lib.flatten(Config().to_dict())
+  tree = resume.flatten(base.to_dict())
+  defaults = resume.flatten(Config().to_dict())
   for key, why in fixed.items():
     keys = ([k for k in tree if k.startswith(key[:-1])
              and not k.endswith((".name", ".data_dir"))]

@@ -102,8 +102,8 @@ def check_finished_run(record: Mapping[str, Any], run_dir: str, config: Config, 
   """Refuse (a ConfigError) the finished run in ``run_dir`` (its ``result.json``:
   ``record``) unless it was trained with ``config`` (``allowed``: keys that may differ)."""
   step = f" (step {record['final_step']})" if "final_step" in record else ""
-  diff = differences(run_fingerprint(record, run_dir), config, against="finished run",
-                     allowed=allowed)
+  saved = run_fingerprint(record, run_dir)
+  diff = differences(saved, config, against="finished run", allowed=allowed)
   if isinstance(diff, str):
     raise ConfigError(f"{run_dir}: its finished run{step} {diff}; use a new --workdir")
   if diff:

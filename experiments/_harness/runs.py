@@ -92,8 +92,9 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
   ``print_fn``).
   """
 
-  config = run.config.replace(workdir=run.directory(workdir))
   done = result_path(run, workdir)
+  config = run.config.replace(workdir=run.directory(workdir))
+  fingerprint = fingerprints.fingerprint(config)
   if epath.Path(done).exists():
     record = json.loads(epath.Path(done).read_text())
     cli.fail_on_config_error(lambda: fingerprints.check_finished_run(
@@ -122,7 +123,7 @@ def execute(run: Run, workdir: str, *, verbose: bool = False,
       **{split_record_key(split): metrics for split, metrics in result.split_metrics.items()},
       "best": result.best_eval,
       **(extra(result) if extra else {}),
-      fingerprints.KEY: fingerprints.fingerprint(config),
+      fingerprints.KEY: fingerprint,
   }
   if cli.is_writer():
     write_json(done, record)

@@ -113,17 +113,6 @@ class CheckpointConfig:
   keep: int = 3
 
 
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-  """``{"a": {"b": 1}}`` → ``{"a.b": 1}`` (sections of sections too)."""
-  out = {}
-  for k, v in tree.items():
-    if isinstance(v, Mapping):
-      out.update(flatten(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
-
-
 def _section(value: Any, key: str) -> dict[str, Any] | None:
   if value is None:
     return None

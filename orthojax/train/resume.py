@@ -20,7 +20,6 @@ from orthojax.train import data as data_lib
 from orthojax.train import registry
 from orthojax.train.config import Config
 from orthojax.train.config import GROUPS
-from orthojax.train.config import flatten
 from orthojax.train.fingerprint import FIT
 
 # Keys a resumed run may change: where and how often it logs, evaluates and saves, the
@@ -35,6 +34,18 @@ RESUMABLE_KEYS = ("workdir", "data.data_dir", "log_every", "eval_every", "checkp
                   "mesh.shard_update", "mesh.split_above", "nan_policy", "max_skipped_fraction",
                   "grad_accum_steps")
 LENGTH_KEYS = ("num_steps", "num_epochs")   # resumable with a constant or plateau schedule
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  """A config as the comparison reads it, by dotted key: ``{"a": {"b": 1}}`` →
+  ``{"a.b": 1}`` (sections of sections too)."""
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, Mapping):
+      out.update(flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
 
 
 def earlier_layout(saved: Mapping[str, Any]) -> str | None:

@@ -15,7 +15,7 @@ import pytest
 
 import orthojax as oj
 from orthojax.train import fingerprint
-from orthojax.train.config import flatten
+from orthojax.train.resume import flatten
 
 _BUILD = """
 import json, optax, orthojax as oj
