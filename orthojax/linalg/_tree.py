@@ -236,15 +236,16 @@ def map_views(fn: Callable[..., Any], params: Any, *trees: Any, views: Any = Non
   * ``"pad"``: also stack matrices that differ only in their long side — every
     selected leaf as its tall matrices ``(n, p)`` (:meth:`Layout.to_tall`, batch axes
     flattened), zero rows appended up to the bucket's longest ``n`` — so a bucket is a
-    small side ``p`` and a dtype (Dion's "megabatching"), as long as the padded rows
-    cost at most :data:`PADDED_FLOPS` (1.1) times the members' own (:func:`_padded_buckets`):
-    padding buys fewer launches with arithmetic, and where the arithmetic is the cost (a
-    GPU, a pod's step) it must stay near per leaf. ``fn`` then sees ``(B, n_max, p)`` and must map zero rows to zero rows and not depend on how
-    many there are: true of Muon's Newton–Schulz (``X Xᵀ`` ignores them), a Stiefel
-    or oblique projection and their retractions (QR, CholeskyQR, Cayley, polar, the
-    columns' exponential map), elementwise moments; not of a per-matrix mean (a matrix
-    second moment). Leaves whose matching leaves are shaped otherwise (a per-matrix
-    state) keep exact-shape buckets.
+    small side ``p`` and a dtype (Dion's "megabatching"), as long as the padded rows cost
+    at most :data:`PADDED_FLOPS` (1.1) times the members' own (longest first, each joins
+    the bucket before it while that stays within the bound): padding buys fewer launches
+    with arithmetic, and where the arithmetic is the cost (a GPU, a pod's step) it must
+    stay near per leaf. ``fn`` then sees ``(B, n_max, p)`` and must map zero rows to zero
+    rows and not depend on how many there are: true of Muon's Newton–Schulz (``X Xᵀ``
+    ignores them), a Stiefel or oblique projection and their retractions (QR,
+    CholeskyQR, Cayley, polar, the columns' exponential map), elementwise moments; not
+    of a per-matrix mean (a matrix second moment). Leaves whose matching leaves are
+    shaped otherwise (a per-matrix state) keep exact-shape buckets.
   """
   if bucket not in BUCKETS:
     raise ValueError(f"map_views: bucket={bucket!r}; choose one of {BUCKETS}")

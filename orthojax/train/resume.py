@@ -33,7 +33,9 @@ RESUMABLE_KEYS = ("workdir", "data.data_dir", "log_every", "eval_every", "checkp
                   "eval_batch_size", "mesh.data", "mesh.fsdp", "mesh.model", "mesh.num_slices",
                   "mesh.shard_update", "mesh.split_above", "nan_policy", "max_skipped_fraction",
                   "grad_accum_steps")
-LENGTH_KEYS = ("num_steps", "num_epochs")   # resumable with a constant or plateau schedule
+LENGTH_KEYS = ("num_steps", "num_epochs")
+"""Keys a resumed run may also change under a constant or plateau schedule (one that does
+not depend on the run's total length)."""
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
