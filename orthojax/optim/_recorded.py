@@ -16,12 +16,13 @@ built without ``views=`` is a :class:`ViewsFromInit`: it is a function of the vi
 Nothing is ambient: the views travel as an argument (``build``'s) and in the state. Where
 ``init`` gets bare arrays (a plain parameter dict, the trainer) or Variables that record
 no view (``nnx.Linear``), the state is the transformation's own and every view is
-inferred (:data:`INFERRED`). An explicit ``views=`` builds the transformation at once,
+inferred (``INFERRED``). An explicit ``views=`` builds the transformation at once,
 with no wrapper.
 
-A wrapper that runs a transformation on parts of the tree (:func:`orthojax.optim.
-shard_update`) asks a :class:`ViewsFromInit` for the transformation of given views
-(:meth:`ViewsFromInit.with_views`), so that the parts follow the same views.
+A wrapper that runs a transformation on parts of the tree
+(:func:`orthojax.optim.shard_update`) asks a :class:`ViewsFromInit` for the
+transformation of given views (:meth:`ViewsFromInit.with_views`), so that the parts
+follow the same views.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ class RecordedViewsState(NamedTuple):
 class ViewsFromInit(optax.GradientTransformationExtraArgs):
   """A transformation whose matrix views are read at ``init`` (module docstring).
 
-  Built by :func:`views_from_init`; an ``optax.GradientTransformationExtraArgs`` like any
-  other, plus :meth:`with_views`.
+  What an orthojax constructor returns when ``views`` is None; an
+  ``optax.GradientTransformationExtraArgs`` like any other, plus :meth:`with_views`.
   """
 
   def __new__(cls, init: Any, update: Any, build: Build | None = None) -> "ViewsFromInit":
