@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import orthojax as oj
+from tests.jaxpr_counts import update_primitives
 
 STIEFEL, OBLIQUE = oj.manifolds.Stiefel(), oj.manifolds.Oblique()
 CONV = oj.linalg.MatrixView.conv(2)
@@ -91,29 +92,13 @@ def test_bucketed_update_equals_the_per_leaf_update(name, bucket):
 
 
 
-def _primitives(tx, params, grads):
-  jaxpr = jax.make_jaxpr(lambda p, g: tx.update(g, tx.init(p), p))(params, grads).jaxpr
-  counts: dict[str, int] = {}
-
-  def walk(jaxpr):
-    for eqn in jaxpr.eqns:
-      counts[eqn.primitive.name] = counts.get(eqn.primitive.name, 0) + 1
-      for value in eqn.params.values():
-        for sub in value if isinstance(value, (list, tuple)) else [value]:
-          inner = getattr(sub, "jaxpr", sub)
-          if hasattr(inner, "eqns"):
-            walk(inner)
-  walk(jaxpr)
-  return counts
-
-
 @pytest.mark.parametrize("name", ["radam_qr", "muon", "stiefel_muon"])
 def test_one_chain_of_products_per_bucket_not_per_leaf(name):
   """11 leaves in 7 buckets (stem, a × 3, b1, proj, b × 2, head × 2, stack): the traced
   update holds the stacking and the per-bucket products, far fewer than per leaf."""
   params, grads = _tree(jax.random.PRNGKey(1), STIEFEL)
-  bucketed = _primitives(OPTIMIZERS[name](), params, grads)
-  per_leaf = _primitives(OPTIMIZERS[name]("per_leaf"), params, grads)
+  bucketed = update_primitives(OPTIMIZERS[name](), params, grads)
+  per_leaf = update_primitives(OPTIMIZERS[name]("per_leaf"), params, grads)
   assert "stack" not in per_leaf and bucketed["stack"] > 0
   assert bucketed["dot_general"] * 11 <= per_leaf["dot_general"] * 7 + 11 * 11
 
@@ -145,10 +130,10 @@ def test_the_bucket_keyword_is_the_whole_switch():
   """``bucket="per_leaf"`` traces one chain per leaf, ``"pad"`` stacks; the keyword alone
   decides (no ambient switch), and either way radam keeps its manifold."""
   params, grads = _tree(jax.random.PRNGKey(1), STIEFEL)
-  per_leaf = _primitives(OPTIMIZERS["radam_qr"]("per_leaf"), params, grads)
-  padded = _primitives(OPTIMIZERS["radam_qr"]("pad"), params, grads)
+  per_leaf = update_primitives(OPTIMIZERS["radam_qr"]("per_leaf"), params, grads)
+  padded = update_primitives(OPTIMIZERS["radam_qr"]("pad"), params, grads)
   assert "stack" not in per_leaf and padded["stack"] > 0
-  assert padded == _primitives(OPTIMIZERS["radam_qr"](), params, grads)   # the default
+  assert padded == update_primitives(OPTIMIZERS["radam_qr"](), params, grads)   # the default
   assert oj.optim.keeps_manifold(OPTIMIZERS["radam_qr"]("per_leaf"))
 
 

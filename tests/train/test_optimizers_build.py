@@ -15,6 +15,7 @@ from orthojax.train import optimizers
 from orthojax.train import program as program_lib
 from orthojax.train.config import Config
 from orthojax.train.config import ConfigError
+from tests.jaxpr_counts import update_primitives
 
 
 def _params(config):
@@ -249,25 +250,6 @@ def test_muons_adamw_rate_follows_the_schedule_like_its_muon_rate():
                      total_steps=10)
 
 
-def _update_primitives(tx, params):
-  """The primitive names of ``tx``'s traced update on zero gradients, nested ones too."""
-  grads = jax.tree.map(np.zeros_like, params)
-  jaxpr = jax.make_jaxpr(lambda p, g: tx.update(g, tx.init(p), p))(params, grads).jaxpr
-  names = set()
-
-  def walk(jaxpr):
-    for eqn in jaxpr.eqns:
-      names.add(eqn.primitive.name)
-      for value in eqn.params.values():
-        for sub in value if isinstance(value, (list, tuple)) else [value]:
-          inner = getattr(sub, "jaxpr", sub)
-          if hasattr(inner, "eqns"):
-            walk(inner)
-
-  walk(jaxpr)
-  return names
-
-
 def test_the_config_says_how_the_update_runs_over_many_matrices():
   """``bucket``, a keyword of every library optimizer, is a key of each group's section:
   ``"pad"`` by default (two matrices of one small side, 100 and 96 rows, stacked into one
@@ -279,8 +261,9 @@ def test_the_config_says_how_the_update_runs_over_many_matrices():
       Config(num_steps=10,
              optimizer={"euclidean": {"name": "muon", "learning_rate": 0.1, **section}}),
       total_steps=10)
-  assert "concatenate" in _update_primitives(build({}), params)
-  assert "concatenate" not in _update_primitives(build({"bucket": "per_leaf"}), params)
+  zeros = jax.tree.map(np.zeros_like, params)
+  assert "concatenate" in update_primitives(build({}), params, zeros)
+  assert "concatenate" not in update_primitives(build({"bucket": "per_leaf"}), params, zeros)
   with pytest.raises(ConfigError, match=r"^config\.optimizer\.euclidean.*bucket='padded'; "
                      r"choose one of \('pad', 'shape', 'per_leaf'\)"):
     build({"bucket": "padded"})
