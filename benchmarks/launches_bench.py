@@ -12,20 +12,24 @@ Cases (conv kernels on the orthogonal optimizer, the rest SGD momentum, as the
 ``resnet_optim`` suite):
 
 * ResNet-50, batch 32, 224 × 224 (``--quick``: ResNet-18, batch 2, 64 × 64): ``sgd``;
-  ``radam`` (iterative Cayley), ``radam_qr`` (CholeskyQR2) and ``muon``, each traced
-  built per leaf (``bucket="per_leaf"``, "before") and bucketed (the default
-  ``bucket="pad"``, "after");
-* E5's scanned 200 × 400 tanh stack (``--quick``: 50 × 128) on ``radam_qr``: one leaf,
-  so both traces are the same program.
+  ``radam`` (iterative Cayley), ``radam_qr`` (CholeskyQR2) and ``muon``, each built
+  per leaf (``bucket="per_leaf"``, "before") and bucketed (the default ``bucket="pad"``,
+  "after");
+* E5's network (``--quick``: 50 × 128), its 784-row input kernel and scanned square stack
+  on ``radam_qr``, per leaf and bucketed.
 
-Rows: kernels after, the ratio after / before (target ≤ 1/2.5 for ResNet-50; for
-ResNet-18, whose 20 kernels have 11 shapes, ≤ 1.25 × 11 / 20: a bucket's chain costs at
-most 1.25 leaves' chains), and the compile time of each orthogonal step over the SGD step's (target ≤ 2×;
-the two compiled alternately, twice each, and the faster of each one's two wall times
-compared, so that a ratio sees one load). On the CPU a batched LAPACK call
-runs as a loop over the batch, so Cholesky and triangular-solve calls do not shrink
-there (``radam_qr``'s ratio is reported, not judged, on the CPU); on a GPU they are one
-batched call.
+Rows, each bucketed update beside the same update built with ``bucket="per_leaf"``:
+its kernels (target ≤ 1/2.5 for ResNet-50; for ResNet-18, whose 20 kernels have 11
+shapes, ≤ 1.25 × 11 / 20: a bucket's chain costs at most 1.25 leaves' chains), its FLOPs
+(matrix products in the ``optimizer`` scope plus the LAPACK calls, a guard at its cheaper
+branch; target ≤ 1.1×, ``oj.linalg.PADDED_FLOPS``: padding must not buy launches with
+arithmetic) and its HBM bytes (reported); and the compile time of each orthogonal step
+over the SGD step's (target ≤ 2×; the two compiled alternately, twice each, and the
+faster of each one's two wall times compared, so that a ratio sees one load). On the CPU
+a batched LAPACK call runs as a loop over the batch, so Cholesky and triangular-solve
+calls do not shrink there (``radam_qr``'s kernel ratio is reported, not judged, on the
+CPU); on a GPU they are one batched call. E5's rows compare its network — the input
+kernel beside the square stack, which share their small side — the same way.
 """
 
 from __future__ import annotations
@@ -49,7 +53,34 @@ from orthojax.compile import topology as topology_lib
 SUITE = "launches"
 FEWER = Target("<=", 1 / 2.5)
 COMPILE = Target("<=", 2.0)
+ARITHMETIC = Target("<=", 1.1)   # a bucketed update's FLOPs over per leaf's
 GPU = "h100:1x1x8"
+
+
+def _step_flops(module: hlo.Module) -> float:
+  """A step's FLOPs: its matrix products and LAPACK calls, a guard at its cheaper branch."""
+  cheapest = module.with_branches("cheapest")
+  return cheapest.matmul_flops() + hlo.lapack_flops(cheapest)
+
+
+def _against_per_leaf(name: str, config: str, bucketed: hlo.Module, per_leaf: hlo.Module,
+                      baseline: hlo.Module, fewer: Target | None, note: str) -> list[Row]:
+  """Kernels, FLOPs and bytes of ``name``'s bucketed update beside per leaf's. An update's
+  FLOPs are its step's over the ``baseline`` step's (the same network on an element-wise
+  optimizer): the compiler does not keep every product of the update in its scope."""
+  kernels = [sum(m.kernels("optimizer").values()) for m in (bucketed, per_leaf)]
+  flops = [_step_flops(m) - _step_flops(baseline) for m in (bucketed, per_leaf)]
+  nbytes = [m.traffic_by_scope(depth=1).get("optimizer", 0.0) for m in (bucketed, per_leaf)]
+  return [
+      row(SUITE, f"{name} update kernels bucketed / per leaf, {config}",
+          kernels[0] / kernels[1], "x", fewer,
+          f"{kernels[0]} vs {kernels[1]} kernels per step; {note}"),
+      row(SUITE, f"{name} update FLOPs bucketed / per leaf, {config}", flops[0] / flops[1],
+          "x", ARITHMETIC, f"{flops[0] / 1e9:.2f} vs {flops[1] / 1e9:.2f} GFLOP per step"),
+      row(SUITE, f"{name} update bytes bucketed / per leaf, {config}",
+          nbytes[0] / nbytes[1] if nbytes[1] else float("nan"), "x",
+          note=f"{nbytes[0] / 2**20:.0f} vs {nbytes[1] / 2**20:.0f} MiB per step "
+               f"(the optimizer scope)")]
 
 
 def _resnet_optimizers(bucket: str) -> dict[str, optax.GradientTransformation]:
@@ -137,16 +168,13 @@ def _resnet_rows(quick: bool, target: str, device: Any) -> list[Row]:
   rows = [row(SUITE, f"sgd update kernels, {config}",
               sum(sgd_module.kernels("optimizer").values()), "kernels")]
   for name, tx in txs.items():
-    per_leaf = sum(_compile(*step(per_leaf_txs[name]), device)[0].kernels("optimizer").values())
+    per_leaf, _ = _compile(*step(per_leaf_txs[name]), device)
     module, seconds, sgd_seconds = _compile_beside(step(tx), sgd, device)
-    bucketed = sum(module.kernels("optimizer").values())
     # XLA:CPU runs a batched Cholesky or triangular solve as a loop of LAPACK calls, one
     # per matrix, so CholeskyQR2's calls do not shrink there: judged where they batch.
     judged = None if name == "radam_qr" and device is None else fewer
-    rows.append(row(SUITE, f"{name} update kernels bucketed / per leaf, {config}",
-                    bucketed / per_leaf, "x", judged,
-                    f"{bucketed} vs {per_leaf} kernels per step; {len(kernels)} "
-                    f"kernels in {buckets} shapes"))
+    rows += _against_per_leaf(name, config, module, per_leaf, sgd_module, judged,
+                              f"{len(kernels)} kernels in {buckets} shapes")
     rows.append(row(SUITE, f"{name} / sgd compile time, {config}", seconds / sgd_seconds,
                     "x", COMPILE, f"{seconds:.1f} s vs {sgd_seconds:.1f} s"))
   return rows
@@ -161,10 +189,10 @@ def _e5_rows(quick: bool, target: str, device: Any) -> list[Row]:
   views = nnx.to_pure_dict(oj.nn.matrix_views(model))
   labels = jax.tree.map(lambda v: "adam" if v is False else "stiefel", views,
                         is_leaf=lambda v: not isinstance(v, dict))
-  txs = {"adam": optax.adam(1e-3),
-         "radam_qr": oj.optim.partition(labels, adam=optax.adam(1e-3),
-                                        stiefel=oj.optim.radam(1e-3, oj.manifolds.Stiefel("qr"),
-                                                               views=views))}
+  radam_qr = lambda bucket: oj.optim.partition(
+      labels, adam=optax.adam(1e-3),
+      stiefel=oj.optim.radam(1e-3, oj.manifolds.Stiefel("qr"), views=views, bucket=bucket))
+  txs = {"adam": optax.adam(1e-3), "radam_qr": radam_qr("pad")}
   x = jax.numpy.zeros((batch, 784))
   y = jax.numpy.zeros((batch,), jax.numpy.int32)
   config = f"E5 {depth} × {width} tanh, batch {batch}, {target}"
@@ -172,9 +200,13 @@ def _e5_rows(quick: bool, target: str, device: Any) -> list[Row]:
   adam_module, _ = _compile(*step(txs["adam"]), device)
   module, seconds, adam_seconds = _compile_beside(step(txs["radam_qr"]), step(txs["adam"]),
                                                   device)
+  per_leaf, _ = _compile(*step(radam_qr("per_leaf")), device)
   return [row(SUITE, f"radam_qr update kernels, {config}",
               sum(module.kernels("optimizer").values()), "kernels",
               note=f"adam: {sum(adam_module.kernels('optimizer').values())}"),
+          *_against_per_leaf("radam_qr", config, module, per_leaf, adam_module, None,
+                             f"the 784 x {width} input kernel beside the {depth - 1}-layer "
+                             f"stack"),
           row(SUITE, f"radam_qr / adam compile time, {config}", seconds / adam_seconds, "x",
               COMPILE, f"{seconds:.1f} s vs {adam_seconds:.1f} s")]
 

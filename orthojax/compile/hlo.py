@@ -194,19 +194,20 @@ class Module:
       kind = ins.op[:-len("-start")] if ins.op.endswith("-start") else ins.op
       if kind not in COLLECTIVES:
         continue
-      if scope is not None and not (_scope(ins.rest, 99) + "/").startswith(scope + "/"):
+      if not _in_scope(ins, scope):
         continue
       entry = out.setdefault(kind, {"count": 0, "bytes": 0})
       entry["count"] += count
       entry["bytes"] += count * _result_bytes(ins)
     return out
 
-  def matmul_flops(self, *, weighted: bool = True) -> float:
+  def matmul_flops(self, *, weighted: bool = True, scope: str | None = None) -> float:
     """FLOPs of every dot / convolution, each computation counted ``runs`` times
-    (``weighted``) or once (as ``cost_analysis`` counts)."""
+    (``weighted``) or once (as ``cost_analysis`` counts); with ``scope`` (e.g.
+    ``"optimizer"``), only those whose ``op_name`` lies in it."""
     total = 0.0
     for ins, count, types in self.instructions():
-      if ins.op in ("dot", "convolution"):
+      if ins.op in ("dot", "convolution") and _in_scope(ins, scope):
         total += _matmul_flops(ins, types) * (count if weighted else 1)
     return total
 
@@ -256,7 +257,7 @@ class Module:
       for ins in body:
         if ins.op in _NO_TRAFFIC or ins.op.endswith("-done"):
           continue
-        if scope is not None and not (_scope(ins.rest, 99) + "/").startswith(scope + "/"):
+        if not _in_scope(ins, scope):
           continue
         out[_kernel_kind(ins)] += count
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
@@ -404,6 +405,11 @@ _CONTROL = ("while", "body", "cond", "scan", "closed_call", "remat", "checkpoint
             "body_fun", "shard_map", "switch")
 _BRANCH = re.compile(r"^branch_\d+(_fun)?$")   # lax.switch / lax.cond branches
 _WRAPPER = re.compile(r"^\w+\((.*)\)$")
+
+
+def _in_scope(ins: Instruction, scope: str | None) -> bool:
+  """Whether ``ins``'s ``op_name`` lies in ``scope`` (None: every instruction)."""
+  return scope is None or (_scope(ins.rest, 99) + "/").startswith(scope + "/")
 
 
 def _scope(rest: str, depth: int) -> str:
