@@ -202,6 +202,26 @@ def _run_schedule(x, schedule, precision, skip_quintic):
   return jax.lax.fori_loop(0, len(schedule) - head, lambda _, y: step(y, schedule[-1]), x)
 
 
+def _run_gram(x, schedule, precision, skip_quintic, restart_every):
+  """The schedule on the Gram matrix of a wide ``x`` (``m ≤ n``): ``m × m`` products only
+  between the first Gram product and the last product with ``x`` (:func:`newton_schulz`,
+  ``gram=True``)."""
+  mm = functools.partial(jnp.matmul, precision=precision)
+  t = lambda y: jnp.swapaxes(y, -1, -2)
+  eye = jnp.eye(x.shape[-2], dtype=x.dtype)
+  gram, q = mm(x, t(x)), None
+  for k, (a, b, c) in enumerate(schedule):
+    if restart_every and k and k % restart_every == 0:   # X_k = Q_k X_0 and its Gram anew
+      x, q = mm(q, x), None
+      gram = mm(x, t(x))
+    poly = b * gram if skip_quintic else b * gram + c * mm(gram, gram)
+    poly = poly + a * eye                                   # P_k = a I + b A_k + c A_k²
+    q = poly if q is None else mm(poly, q)                  # Q_{k+1} = P_k Q_k
+    if k + 1 < len(schedule):
+      gram = mm(poly, mm(gram, poly))                       # A_{k+1} = P_k A_k P_k
+  return x if q is None else mm(q, x)
+
+
 def newton_schulz(
     x: jax.Array,
     steps: int | None = None,
@@ -210,6 +230,8 @@ def newton_schulz(
     eps: float = 1e-7,
     normalize: bool = True,
     precision: jax.lax.PrecisionLike = None,
+    gram: bool = False,
+    restart_every: int | None = None,
 ) -> jax.Array:
   r"""Approximate the orthogonal polar factor ``U Vᵀ`` of ``x = U Σ Vᵀ``.
 
@@ -231,6 +253,21 @@ def newton_schulz(
   ``4 n p² + 2 p³`` flops: a ``4096 × 1024`` matrix costs 3× the flops of a
   ``1024 × 1024`` one (``18 p³`` vs ``6 p³``), not the ≈ 32× of forming the
   ``4096 × 4096`` Gram.
+
+  ``gram=True`` runs the same iteration on the ``p × p`` Gram matrix (Gram
+  Newton–Schulz: microsoft/dion's default backend; its authors report up to 2× faster
+  orthogonalization on rectangular matrices). Every iterate is ``X_k = Q_k X_0`` with
+  ``Q_k`` a polynomial in ``A_0 = X_0 X_0ᵀ``, so with ``P_k = a_k I + b_k A_k + c_k A_k²``
+
+  .. math::
+    Q_{k+1} = P_k Q_k, \qquad A_{k+1} = P_k A_k P_k, \qquad X_K = Q_K X_0,
+
+  the same iterates in exact arithmetic, for ``2 n p² + (4K − 3) p³`` multiply-adds
+  (``Q_1 = P_0``; the last step needs no ``A_K``) instead of ``K (2 n p² + p³)``: fewer
+  once ``n`` exceeds ``1.5 p`` for ``K = 5`` (a ``4608 × 512`` conv kernel: 2.7× fewer),
+  more for square matrices.
+  ``restart_every=r`` forms ``X_k`` and its Gram matrix anew every ``r`` steps, which
+  bounds the rounding the ``Q`` products accumulate (the authors restart in bfloat16).
 
   Presets (:data:`NS_PRESETS`):
 
@@ -274,6 +311,10 @@ def newton_schulz(
       float32 matmul may use reduced precision (TF32 / bf16 passes); use
       ``jax.lax.Precision.HIGHEST`` when the result must be orthonormal to
       float32 accuracy (retractions).
+    gram: iterate on the Gram matrix (above); the schedule is unrolled whatever its
+      length.
+    restart_every: with ``gram``, form the iterate and its Gram matrix anew every this
+      many steps (None: never).
 
   Returns:
     Array of ``x``'s shape and dtype. The norm is computed in float32 (or
@@ -302,7 +343,13 @@ def newton_schulz(
   if transposed:
     x = jnp.swapaxes(x, -1, -2)
   skip_quintic = all(c == 0.0 for _, _, c in schedule)
-  x = _run_schedule(x, schedule, precision, skip_quintic)
+  if restart_every is not None and (not gram or int(restart_every) < 1):
+    raise ValueError(f"newton_schulz: restart_every={restart_every!r} needs gram=True and "
+                     f"an int >= 1")
+  if gram:
+    x = _run_gram(x, schedule, precision, skip_quintic, restart_every)
+  else:
+    x = _run_schedule(x, schedule, precision, skip_quintic)
   if transposed:
     x = jnp.swapaxes(x, -1, -2)
   return x
