@@ -255,7 +255,7 @@ def _dot_flops(fn, x):
   total = 0
   for eqn in jax.make_jaxpr(fn)(x).jaxpr.eqns:
     if eqn.primitive.name == "dot_general":
-      (lhs, rhs), out = [v.aval.shape for v in eqn.invars], eqn.outvars[0].aval.shape
+      lhs, out = eqn.invars[0].aval.shape, eqn.outvars[0].aval.shape
       (contract, _), _ = eqn.params["dimension_numbers"]
       total += int(np.prod(out)) * int(np.prod([lhs[d] for d in contract]))
   return total
