@@ -17,6 +17,7 @@ from orthojax.linalg._matrix_view import layout
 from orthojax.linalg._newton_schulz import NS_PRESETS
 from orthojax.linalg._newton_schulz import NSPreset
 from orthojax.linalg._newton_schulz import newton_schulz
+from orthojax.linalg._newton_schulz import newton_schulz_multiply_adds
 from orthojax.linalg._polar import polar
 from orthojax.linalg._qr import cholesky_qr2
 from orthojax.linalg._qr import qr_orthonormalize

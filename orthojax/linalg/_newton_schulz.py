@@ -202,6 +202,27 @@ def _run_schedule(x, schedule, precision, skip_quintic):
   return jax.lax.fori_loop(0, len(schedule) - head, lambda _, y: step(y, schedule[-1]), x)
 
 
+def newton_schulz_multiply_adds(n: int, p: int, steps: int, *, gram: bool = False,
+                                restart_every: int | None = None, cubic: bool = False) -> int:
+  """Multiply-adds of :func:`newton_schulz`'s matrix products on one ``n × p`` matrix
+  (either orientation: the iteration runs on its short side ``min(n, p)``), ``steps`` steps
+  (``cubic``: no quintic term), as the standard iteration or on the Gram matrix
+  (``gram``, ``restart_every``): what decides which of the two costs less."""
+  n, p = max(n, p), min(n, p)
+  square = 0 if cubic else p ** 3                       # A² per step
+  if not gram:
+    return steps * (2 * n * p * p + square)
+  total = 2 * n * p * p                                 # A_0 = X Xᵀ and X_K = Q_K X_0
+  for k in range(steps):
+    fresh = k == 0 or bool(restart_every and k % restart_every == 0)
+    if fresh and k:
+      total += 2 * n * p * p                            # X_k = Q_k X_0 and its Gram anew
+    total += square + (0 if fresh else p ** 3)          # A², then P Q (Q = P when fresh)
+    if k + 1 < steps:
+      total += 2 * p ** 3                               # A_{k+1} = P A P
+  return total
+
+
 def _run_gram(x, schedule, precision, skip_quintic, restart_every):
   """The schedule on the Gram matrix of a wide ``x`` (``m ≤ n``): ``m × m`` products only
   between the first Gram product and the last product with ``x`` (:func:`newton_schulz`,

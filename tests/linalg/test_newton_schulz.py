@@ -261,6 +261,18 @@ def _dot_flops(fn, x):
   return total
 
 
+@pytest.mark.parametrize("n, p", [(4608, 512), (512, 4608), (96, 32), (64, 64)])
+@pytest.mark.parametrize("coeffs, steps", [("quintic", 5), ("cubic", 7)])
+@pytest.mark.parametrize("gram, restart_every", [(False, None), (True, None), (True, 2),
+                                                 (True, 3)])
+def test_the_cost_model_counts_the_traced_products(n, p, coeffs, steps, gram, restart_every):
+  x = jnp.ones((n, p), jnp.float32)
+  traced = _dot_flops(lambda y: linalg.newton_schulz(y, steps, coeffs, gram=gram,
+                                                     restart_every=restart_every), x)
+  assert traced == linalg.newton_schulz_multiply_adds(
+      n, p, steps, gram=gram, restart_every=restart_every, cubic=coeffs == "cubic")
+
+
 @pytest.mark.parametrize("n, p", [(4608, 512), (512, 512)])
 def test_gram_iteration_costs_what_its_docstring_says(n, p):
   """``2 n p² + (4K − 3) p³`` multiply-adds against the standard ``K (2 n p² + p³)``
