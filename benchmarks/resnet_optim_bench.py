@@ -84,6 +84,26 @@ def _train_step(graphdef, tx):
   return step
 
 
+def muon_update_rows(params, config: str, reps: dict) -> list[Row]:
+  """orthojax's Muon update against ``optax.contrib.muon``'s on the same conv kernels (the
+  same dimension numbers, jitted, timed interleaved): the update alone, target below
+  optax's (buckets, and Newton–Schulz on the Gram matrix of each rectangular kernel)."""
+  kernels = {jax.tree_util.keystr(p): x for p, x in
+             jax.tree_util.tree_flatten_with_path(params)[0] if x.ndim == 4}
+  grads = jax.tree.map(lambda x: 0.01 * jax.numpy.ones_like(x), kernels)
+  dims = oj.optim.muon_dimension_numbers(kernels)
+  txs = {"orthojax": oj.optim.muon(0.02),
+         "optax": optax.contrib.muon(0.02, muon_weight_dimension_numbers=dims)}
+  states = {name: tx.init(kernels) for name, tx in txs.items()}
+  fns = {name: (lambda tx, s: lambda g, p: tx.update(g, s, p)[0])(tx, states[name])
+         for name, tx in txs.items()}
+  t = time_fns(fns, grads, kernels, **reps)
+  return [row(SUITE, f"orthojax muon / optax.contrib.muon update, {config}",
+              ratio(t["orthojax"], t["optax"]), "x", Target("<=", 1.0),
+              f"{1e3 * t['orthojax']:.0f} vs {1e3 * t['optax']:.0f} ms; "
+              f"{len(kernels)} conv kernels, the update alone")]
+
+
 def run(quick: bool = False) -> list[Row]:
   gpu = jax.default_backend() == "gpu"
   depth, batch, size = (18, 2, 64) if quick else (50, 256 if gpu else 32, 224)
@@ -120,6 +140,7 @@ def run(quick: bool = False) -> list[Row]:
                 ratio(compile_s[name], compile_s["sgd"]), "x",
                 note=f"{compile_s[name]:.1f} s vs {compile_s['sgd']:.1f} s (lower + compile)")
            for name in txs if name != "sgd"]
+  rows += muon_update_rows(params, config, reps)
   if "radam_per_leaf" in t:
     rows.append(row(SUITE, f"radam bucketed / per leaf train step, {config}",
                     ratio(t["radam"], t["radam_per_leaf"]), "x",
