@@ -16,7 +16,8 @@ Cases (conv kernels on the orthogonal optimizer, the rest SGD momentum, as the
   per leaf (``bucket="per_leaf"``, "before") and bucketed (the default ``bucket="pad"``,
   "after");
 * E5's network (``--quick``: 50 × 128), its 784-row input kernel and scanned square stack
-  on ``radam_qr``, per leaf and bucketed.
+  on ``radam_qr``, per leaf and bucketed;
+* E8's 4 × 128 transformer (``--quick``: 2 layers) on Muon, per leaf and bucketed.
 
 Rows, each bucketed update beside the same update built with ``bucket="per_leaf"``:
 its kernels (target ≤ 1/2.5 for ResNet-50; for ResNet-18, whose 20 kernels have 11
@@ -211,6 +212,25 @@ def _e5_rows(quick: bool, target: str, device: Any) -> list[Row]:
               COMPILE, f"{seconds:.1f} s vs {adam_seconds:.1f} s")]
 
 
+def _e8_rows(quick: bool, target: str, device: Any) -> list[Row]:
+  """E8's transformer (nanoGPT's CPU recipe: 4 × 128, context 64, batch 12; ``--quick``:
+  2 layers): Muon on its stacked hidden matrices (QKV, output, MLP in and out: one small
+  side), bucketed beside per leaf, AdamW's step the baseline."""
+  depth, width, context, batch = (2, 128, 64, 12) if quick else (4, 128, 64, 12)
+  model = models.TransformerLM(65, depth=depth, width=width, heads=4, rngs=nnx.Rngs(0))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+  views = nnx.to_pure_dict(oj.nn.matrix_views(model))
+  tokens = jax.numpy.zeros((batch, context), jax.numpy.int32)
+  config = f"E8 {depth} × {width} transformer, batch {batch} × {context}, {target}"
+  step = lambda tx: (_train_step(graphdef, tx), (params, rest, tx.init(params), tokens, tokens))
+  adamw, _ = _compile(*step(optax.adamw(1e-3)), device)
+  bucketed, _ = _compile(*step(oj.optim.muon(0.02, views=views)), device)
+  per_leaf, _ = _compile(*step(oj.optim.muon(0.02, views=views, bucket="per_leaf")), device)
+  return _against_per_leaf("muon", config, bucketed, per_leaf, adamw, None,
+                           f"{len(models.TransformerLM.MATRICES)} stacked matrices")
+
+
 def run(quick: bool = False) -> list[Row]:
   targets = [("cpu", None)]
   device = _gpu_device()
@@ -220,4 +240,5 @@ def run(quick: bool = False) -> list[Row]:
   for target, dev in targets:
     rows += _resnet_rows(quick, target, dev)
     rows += _e5_rows(quick, target, dev)
+    rows += _e8_rows(quick, target, dev)
   return rows
