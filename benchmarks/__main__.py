@@ -41,6 +41,7 @@ SUITES: list[tuple[str, str]] = [
     ("peers", "benchmarks.peers_bench"),
     ("loaded", "benchmarks.loaded_bench"),
     ("launches", "benchmarks.launches_bench"),
+    ("gpu", "benchmarks.gpu_bench"),
 ]
 
 
