@@ -67,6 +67,11 @@ class Manifold(abc.ABC):
     """``_closest`` for a point that drifted only a little from the manifold."""
     return self._closest(w)
 
+  def _reorthonormalize_step(self, w):
+    """A clean-up cheap enough for every step, with no loop or branch (default: the full
+    one, for manifolds where that is already so: the oblique manifold's normalisation)."""
+    return self._reorthonormalize(w)
+
   @abc.abstractmethod
   def _defect(self, w): ...
 
@@ -123,6 +128,13 @@ class Manifold(abc.ABC):
     SVD: :func:`~orthojax.manifolds.reorthonormalize_newton_schulz`).
     """
     return on_tall(self._reorthonormalize, view, w.dtype, w)
+
+  def reorthonormalize_step(self, w, *, view=None):
+    """The clean-up of ``reorthonormalize_every=1``: cheap enough for every step, with no
+    loop or branch for a GPU to wait on, and enough for an iterate that leaves the
+    manifold by a little each step (Stiefel: one Newton–Schulz step,
+    :func:`~orthojax.manifolds.newton_schulz_step`)."""
+    return on_tall(self._reorthonormalize_step, view, w.dtype, w)
 
   def defect(self, w, *, view=None):
     """Distance from the manifold per batch matrix (0 on the manifold)."""

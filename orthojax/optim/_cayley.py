@@ -48,9 +48,11 @@ import optax
 
 from orthojax import linalg
 from orthojax.linalg import map_views, unzip
-from orthojax.manifolds import cayley_generator, polish, reorthonormalize_newton_schulz
+from orthojax.manifolds import (cayley_generator, newton_schulz_step, polish,
+                                reorthonormalize_newton_schulz)
 from orthojax.optim._checks import (check_bucket, check_decay, check_matrices, check_rate,
                                      check_static, require_params, traced)
+from orthojax.optim._clean_up import clean_up
 from orthojax.optim._keeps import keeping
 from orthojax.optim._recorded import views_from_init
 from orthojax.optim._scope import scoped
@@ -121,9 +123,8 @@ def _cayley(learning_rate, views, *, adam, momentum, b1, b2, q, iterations, eps,
       y = linalg.cayley_transform(a, x, tau=sign * alpha, method="iterative",
                                   iterations=iterations)
       y = polish(y, w.dtype)  # bfloat16/float16 points: remove the carried defect
-      if reorthonormalize_every is not None:
-        y = linalg.guarded_cond(count % reorthonormalize_every == 0,
-                                reorthonormalize_newton_schulz, lambda y: y, y)
+      y = clean_up(y, count, reorthonormalize_every, reorthonormalize_newton_schulz,
+                   newton_schulz_step)
       return (lo.from_tall(y).astype(w.dtype) - w, (lo.from_tall(m_t).astype(m.dtype), v))
 
     with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
@@ -156,7 +157,9 @@ def cayley_sgd(
     eps: the paper's epsilon.
     reorthonormalize_every: replace the iterate by its polar factor every this
       many steps (None: never), by Newton–Schulz steps
-      (:func:`orthojax.manifolds.reorthonormalize_newton_schulz`).
+      (:func:`orthojax.manifolds.reorthonormalize_newton_schulz`); ``1``: one
+      Newton–Schulz step after every step, with no branch
+      (:func:`orthojax.manifolds.newton_schulz_step`).
     views: per-leaf matrix views; None (default): those the parameters' Variables
       record, read at ``init`` on the ``nnx.Optimizer`` path and kept in the state
       (:class:`orthojax.optim.RecordedViewsState`), else inferred.

@@ -76,6 +76,7 @@ import optax
 from orthojax import linalg
 from orthojax.manifolds import Stiefel, polish
 from orthojax.optim._checks import check_bucket, check_rate, check_second_moment, require_params
+from orthojax.optim._clean_up import clean_up
 from orthojax.optim._keeps import keeping
 from orthojax.optim._recorded import views_from_init
 from orthojax.optim._riemannian import (RetractState, ScaleByRiemannianAdamState,
@@ -143,10 +144,9 @@ def retract_tall(manifold: Stiefel, x, xi, omega, stored_dtype, count,
       y = polish(y, stored_dtype)  # as Stiefel's Cayley retraction
     else:
       y = manifold.retract(x, xi, view=_TALL, stored_dtype=stored_dtype)
-    if reorthonormalize_every is not None:
-      y = linalg.guarded_cond(count % reorthonormalize_every == 0,
-                              lambda y: manifold.reorthonormalize(y, view=_TALL),
-                              lambda y: y, y)
+    y = clean_up(y, count, reorthonormalize_every,
+                 lambda y: manifold.reorthonormalize(y, view=_TALL),
+                 lambda y: manifold.reorthonormalize_step(y, view=_TALL))
   return y
 
 

@@ -33,6 +33,7 @@ from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import Manifold
 from orthojax.optim._checks import (check_bucket, check_decay, check_manifold, check_matrices,
                                      check_second_moment, require_params, traced)
+from orthojax.optim._clean_up import clean_up
 from orthojax.optim._keeps import keeping
 from orthojax.optim._recorded import views_from_init
 from orthojax.optim._scope import scoped
@@ -271,9 +272,12 @@ def retract(manifold: Manifold, views: Any = None, reorthonormalize_every: int |
     views: per-leaf matrix views; None (default): as :func:`project_to_tangent`.
     reorthonormalize_every: if set, every this many steps the new point is
       replaced by the closest point of the manifold
-      (``manifold.reorthonormalize``: Newton–Schulz steps for Stiefel),
-      removing the drift that retractions that do not re-project (Cayley, especially the iterative form) accumulate
-      from rounding. Li et al. (2020) re-orthonormalize occasionally, too.
+      (``manifold.reorthonormalize``: Newton–Schulz steps for Stiefel), removing the
+      drift that retractions that do not re-project (Cayley, especially the iterative
+      form) accumulate from rounding; Li et al. (2020) re-orthonormalize occasionally,
+      too. ``1``: one Newton–Schulz step after every step instead, with no branch
+      (``manifold.reorthonormalize_step``; the choice between the two:
+      ``orthojax.optim._clean_up``).
       Not needed for parameters stored in bfloat16/float16: there the Cayley
       retraction is followed at every step by Newton–Schulz steps (usually
       one; :func:`orthojax.manifolds.polish`), which keep them at rounding
@@ -301,10 +305,9 @@ def _retract(manifold, views, reorthonormalize_every, bucket):
 
     def leaf(w, u, view):
       y = manifold.retract(w, u, view=view)
-      if reorthonormalize_every is not None:
-        y = linalg.guarded_cond(count % reorthonormalize_every == 0,
-                                lambda y: manifold.reorthonormalize(y, view=view),
-                                lambda y: y, y)
+      y = clean_up(y, count, reorthonormalize_every,
+                   lambda y: manifold.reorthonormalize(y, view=view),
+                   lambda y: manifold.reorthonormalize_step(y, view=view))
       return (y - w).astype(u.dtype)
 
     return map_views(leaf, params, updates, views=views, bucket=bucket), RetractState(count=count)
