@@ -9,7 +9,8 @@ device's time limit still reports what it finished; every program is compiled on
 (``jax.jit(…).lower(…).compile()``) and its compile time is a row. In this order:
 
 1. **The update alone** on ResNet-50's 53 conv kernels (``--quick``: ResNet-18's 20):
-   radam (iterative Cayley, 2 iterations, the clean-up every 100 steps), Muon and
+   radam (iterative Cayley, 2 iterations, the clean-up every 100 steps in a branch, or a
+   Newton–Schulz step after every step: ``reorthonormalize_every=1``), Muon and
    ``stiefel_muon``: compile seconds, median milliseconds per update, and for the two
    that keep the manifold the largest defect ``‖WᵀW − I‖_F`` after ``N`` steps of random
    gradients (1,000 on a GPU, one scanned program; target ≤ 1e-5, the constraint held at
@@ -84,6 +85,7 @@ def _update_rows(rows: list[Row], quick: bool) -> None:
   params = _conv_kernels(depth)
   cayley = oj.manifolds.Stiefel("cayley", cayley_iterations=2)
   txs = {"radam": oj.optim.radam(1e-3, cayley, reorthonormalize_every=100),
+         "radam, clean-up every step": oj.optim.radam(1e-3, cayley, reorthonormalize_every=1),
          "muon": oj.optim.muon(0.02), "stiefel_muon": oj.optim.stiefel_muon(0.02)}
   grads = jax.tree.map(lambda p: 0.01 * jnp.ones_like(p), params)
   config = f"ResNet-{depth}'s {len(params)} conv kernels"
