@@ -19,6 +19,14 @@ from orthojax.linalg._newton_schulz import NSPreset
 from orthojax.linalg._newton_schulz import newton_schulz
 from orthojax.linalg._newton_schulz import newton_schulz_multiply_adds
 from orthojax.linalg._polar import polar
+from orthojax.linalg._precision import MANIFOLD_PRECISION
+from orthojax.linalg._precision import PRECISIONS
+from orthojax.linalg._precision import Precision
+from orthojax.linalg._precision import at_precision
+from orthojax.linalg._precision import check_precision
+from orthojax.linalg._precision import reduced
+from orthojax.linalg._precision import roundoff
+from orthojax.linalg._precision import split_product
 from orthojax.linalg._qr import cholesky_qr2
 from orthojax.linalg._qr import qr_orthonormalize
 from orthojax.linalg._skew import skew

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 from orthojax.linalg._lapack import per_matrix_on_cpu
 from orthojax.linalg._matrix_view import check_float
 from orthojax.linalg._matrix_view import compute_dtype
+from orthojax.linalg._precision import Precision, at_precision, check_precision
 
 _METHODS = ("svd", "eigh")
-_HIGHEST = jax.lax.Precision.HIGHEST
 # One matrix per LAPACK call on CPU (orthojax.linalg._lapack says why).
 _svd = per_matrix_on_cpu(lambda x: jnp.linalg.svd(x, full_matrices=False))
 _eigh = per_matrix_on_cpu(jnp.linalg.eigh)
@@ -28,23 +28,23 @@ _eigh = per_matrix_on_cpu(jnp.linalg.eigh)
 
 def _polar_svd(x: jax.Array) -> jax.Array:
   u, _, vh = _svd(x)
-  return jnp.matmul(u, vh, precision=_HIGHEST)
+  return jnp.matmul(u, vh)
 
 
 def _polar_eigh(x: jax.Array) -> jax.Array:
   """``X (XᵀX)^{-1/2}`` for tall ``X``, via the eigendecomposition of the p×p Gram."""
-  gram = jnp.matmul(jnp.swapaxes(x, -1, -2), x, precision=_HIGHEST)
+  gram = jnp.matmul(jnp.swapaxes(x, -1, -2), x)
   w, v = _eigh(gram)
   p = x.shape[-1]
   # Eigenvalues below round-off of the largest are treated as zero: the
   # corresponding directions (rank deficiency) are dropped, not amplified.
   tol = jnp.max(w, axis=-1, keepdims=True) * p * jnp.finfo(x.dtype).eps
   inv_sqrt = jnp.where(w > tol, jax.lax.rsqrt(jnp.where(w > tol, w, 1.0)), 0.0)
-  proj = jnp.matmul(v * inv_sqrt[..., None, :], jnp.swapaxes(v, -1, -2), precision=_HIGHEST)
-  return jnp.matmul(x, proj, precision=_HIGHEST)
+  proj = jnp.matmul(v * inv_sqrt[..., None, :], jnp.swapaxes(v, -1, -2))
+  return jnp.matmul(x, proj)
 
 
-def polar(x: jax.Array, *, method: str = "svd") -> jax.Array:
+def polar(x: jax.Array, *, method: str = "svd", precision: Precision = "highest") -> jax.Array:
   r"""The orthogonal polar factor ``U Vᵀ`` of ``x = U Σ Vᵀ``.
 
   Matrices lie on the last two axes, leading axes are batch axes (numpy
@@ -67,12 +67,13 @@ def polar(x: jax.Array, *, method: str = "svd") -> jax.Array:
     semi-orthogonal.
 
   Computation runs in at least float32 (bfloat16/float16 inputs are upcast,
-  since their round-off cannot hold orthonormality), with matmuls at
-  ``Precision.HIGHEST``; the result is cast back to ``x``'s dtype.
+  since their round-off cannot hold orthonormality), with matmuls at ``precision``
+  (default float32); the result is cast back to ``x``'s dtype.
 
   Args:
     x: ``(..., m, n)`` floating array.
     method: ``"svd"`` or ``"eigh"``.
+    precision: of the products (:func:`orthojax.linalg.at_precision`).
 
   Returns:
     Array of ``x``'s shape and dtype.
@@ -89,10 +90,11 @@ def polar(x: jax.Array, *, method: str = "svd") -> jax.Array:
     raise ValueError(f"polar: unknown method={method!r}; choose one of {_METHODS}")
   dtype = x.dtype
   xc = x.astype(compute_dtype(dtype))
+  check_precision("polar", precision)
   if method == "svd":
-    q = _polar_svd(xc)
+    q = at_precision(_polar_svd, precision)(xc)
   else:
     wide = xc.shape[-2] < xc.shape[-1]
-    q = _polar_eigh(jnp.swapaxes(xc, -1, -2) if wide else xc)
+    q = at_precision(_polar_eigh, precision)(jnp.swapaxes(xc, -1, -2) if wide else xc)
     q = jnp.swapaxes(q, -1, -2) if wide else q
   return q.astype(dtype)

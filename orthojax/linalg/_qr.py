@@ -22,6 +22,7 @@ from orthojax.linalg._guard import guarded_cond
 from orthojax.linalg._lapack import per_matrix_on_cpu
 from orthojax.linalg._matrix_view import check_float
 from orthojax.linalg._matrix_view import compute_dtype
+from orthojax.linalg._precision import Precision, at_precision, roundoff
 
 
 def qr_orthonormalize(x: jax.Array) -> jax.Array:
@@ -85,8 +86,8 @@ _cholesky = per_matrix_on_cpu(jnp.linalg.cholesky)
 
 
 def _gram(x: jax.Array) -> jax.Array:
-  """``xᵀx`` at full precision."""
-  return jnp.einsum("...ki,...kj->...ij", x, x, precision=jax.lax.Precision.HIGHEST)
+  """``xᵀx`` (at the precision :func:`cholesky_qr2` runs at)."""
+  return jnp.einsum("...ki,...kj->...ij", x, x)
 
 
 def _solve_upper(x: jax.Array, lower: jax.Array) -> jax.Array:
@@ -111,12 +112,13 @@ def _orthogonality_estimate(q: jax.Array) -> jax.Array:
   else:   # fixed, so the same input always takes the same branch
     z, k = np.random.default_rng(0).choice([-1.0, 1.0], size=(p, _PROBES)), _PROBES
   z = jnp.asarray(z, q.dtype)
-  qz = jnp.einsum("...np,pk->...nk", q, z, precision=jax.lax.Precision.HIGHEST)
-  e = jnp.einsum("...np,...nk->...pk", q, qz, precision=jax.lax.Precision.HIGHEST) - z
+  qz = jnp.einsum("...np,pk->...nk", q, z)
+  e = jnp.einsum("...np,...nk->...pk", q, qz) - z
   return jnp.sqrt(jnp.sum(jnp.square(e), axis=(-2, -1)) / k)
 
 
-def cholesky_qr2(x: jax.Array, *, tolerance: float = 0.5) -> jax.Array:
+def cholesky_qr2(x: jax.Array, *, tolerance: float = 0.5,
+                 precision: Precision = "highest") -> jax.Array:
   r"""The same ``Q`` as :func:`qr_orthonormalize`, from matrix products: CholeskyQR2.
 
   For a tall ``X`` (``n ≥ p``): ``R₁ = chol(XᵀX)ᵀ``, ``Q₁ = X R₁⁻¹``, then once more on
@@ -156,12 +158,16 @@ def cholesky_qr2(x: jax.Array, *, tolerance: float = 0.5) -> jax.Array:
   are ``lax.cond``\ s on the whole batch (:func:`orthojax.linalg.guarded_cond`: compile
   reports count the one-pass step): under ``jax.vmap`` they become selects that
   run every branch (both passes and Householder), so batch over leading axes instead.
-  Computation in at least float32, products at full precision, the result in ``x``'s
-  dtype.
+  Computation in at least float32, products at ``precision``, the result in ``x``'s
+  dtype. With reduced-precision products the skip's threshold is their rounding
+  (:func:`orthojax.linalg.roundoff`) and the second pass adds nothing a float32
+  correction does not (``Stiefel(precision=...)`` applies one), so one pass is the
+  usual case there too.
 
   Args:
     x: ``(..., m, n)`` floating array.
     tolerance: the largest first-pass error ``‖Q₁ᵀQ₁ − I‖_F`` kept.
+    precision: of the products (:func:`orthojax.linalg.at_precision`; default float32).
 
   Returns:
     Array of ``x``'s shape and dtype.
@@ -177,8 +183,8 @@ def cholesky_qr2(x: jax.Array, *, tolerance: float = 0.5) -> jax.Array:
       accurate = jnp.all(jnp.isfinite(error) & (error <= tolerance)) & jnp.all(jnp.isfinite(q))
       return guarded_cond(accurate, lambda: q, lambda: _householder_tall(x))
 
-    skip_at = min(p * float(jnp.finfo(q1.dtype).eps), tolerance)
+    skip_at = jnp.minimum(p * roundoff(precision, q1.dtype), tolerance)
     rounded = jnp.all(_orthogonality_estimate(q1) <= skip_at)   # NaN: not rounded
     return guarded_cond(rounded, lambda: q1, second_pass)
 
-  return _on_tall(x, "cholesky_qr2", tall)
+  return _on_tall(x, "cholesky_qr2", at_precision(tall, precision))

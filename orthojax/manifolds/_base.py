@@ -21,25 +21,39 @@ from orthojax import linalg
 
 
 def on_tall(fn: Callable[..., jnp.ndarray], view: Any, out_dtype: Any, *arrays: jnp.ndarray,
-            name: str = "parameter") -> jnp.ndarray:
+            name: str = "parameter", precision: Any = "highest",
+            correct: Callable[[jnp.ndarray], jnp.ndarray] | None = None) -> jnp.ndarray:
   """Apply ``fn`` to the tall matrices of same-shaped ``arrays`` and map back.
 
-  The maths runs in at least float32 with full-precision matmuls
-  (``jax.default_matmul_precision("highest")``): accelerators otherwise
-  multiply float32 in TF32/bf16 passes, which caps ``||W^T W - I||`` near 1e-3.
+  The maths runs in at least float32, its products at ``precision``
+  (:func:`orthojax.linalg.at_precision`); a point it returns is passed through
+  ``correct`` where those products are reduced (:meth:`Manifold.correct`), since the
+  constraint holds only to the products' rounding otherwise (about 1e-5 for three
+  bfloat16 passes, 1e-3 for one).
   """
   for a in arrays:
     linalg.check_float(a, name)
   lo = linalg.layout(arrays[0].shape, view, name)
   dtype = linalg.compute_dtype(out_dtype)
   talls = [lo.to_tall(jnp.asarray(a, dtype)) for a in arrays]
-  with jax.default_matmul_precision("highest"):
-    out = fn(*talls)
+  out = linalg.at_precision(fn, precision)(*talls)
+  if correct is not None:
+    out = linalg.reduced(precision)(correct, out)
   return lo.from_tall(out).astype(out_dtype)
 
 
 class Manifold(abc.ABC):
-  """A Riemannian submanifold of matrices, applied per matrix of a parameter."""
+  """A Riemannian submanifold of matrices, applied per matrix of a parameter.
+
+  ``precision`` (a subclass's argument; :data:`orthojax.linalg.PRECISIONS` or None): the
+  precision of its matrix products. None takes :data:`orthojax.linalg.MANIFOLD_PRECISION`'s
+  entry for the backend the program is compiled for: float32 on a CPU, three bfloat16
+  passes on the tensor cores of a GPU or TPU. Where the products are reduced, every
+  point a method returns is corrected at float32 (:meth:`correct`), so the constraint
+  still holds at float32 rounding; tangent vectors carry the products' own rounding.
+  """
+
+  precision: Any = "highest"
 
   # -- tall-matrix maths, (..., n, p) with n >= p, float32 or wider ------------
   @abc.abstractmethod
@@ -72,6 +86,11 @@ class Manifold(abc.ABC):
     one, for manifolds where that is already so: the oblique manifold's normalisation)."""
     return self._reorthonormalize(w)
 
+  def _correct(self, w):
+    """The float32 correction of a point computed with reduced-precision products
+    (default: the per-step clean-up at float32)."""
+    return linalg.at_precision(self._reorthonormalize_step, "highest")(w)
+
   @abc.abstractmethod
   def _defect(self, w): ...
 
@@ -81,14 +100,15 @@ class Manifold(abc.ABC):
   # -- public API in the parameter's own layout --------------------------------
   def project(self, w, v, *, view=None):
     """Orthogonal projection of ``v`` onto the tangent space at ``w``."""
-    return on_tall(self._project, view, jnp.result_type(w, v), w, v)
+    return on_tall(self._project, view, jnp.result_type(w, v), w, v, precision=self.precision)
 
   def egrad_to_rgrad(self, w, g, *, view=None):
     """Euclidean gradient -> Riemannian gradient under the manifold's metric.
 
     Equal to :meth:`project` for the embedded (Euclidean) metric.
     """
-    return on_tall(self._egrad_to_rgrad, view, jnp.result_type(w, g), w, g)
+    return on_tall(self._egrad_to_rgrad, view, jnp.result_type(w, g), w, g,
+                   precision=self.precision)
 
   def retract(self, w, v, *, view=None, stored_dtype=None):
     """The retraction ``R_w(v)`` of a tangent vector ``v`` at ``w``.
@@ -105,7 +125,7 @@ class Manifold(abc.ABC):
     """
     stored = jnp.result_type(w) if stored_dtype is None else jnp.dtype(stored_dtype)
     return on_tall(lambda a, b: self._retract_for(a, b, stored), view, jnp.result_type(w, v),
-                   w, v)
+                   w, v, **self._point_options())
 
   def transport(self, w_new, v, *, view=None):
     """Vector transport by projection: ``v`` (tangent elsewhere) onto ``T_{w_new}``.
@@ -117,7 +137,7 @@ class Manifold(abc.ABC):
 
   def orthonormalize(self, w, *, view=None):
     """The closest point of the manifold to ``w`` (polar factor, unit columns)."""
-    return on_tall(self._closest, view, w.dtype, w)
+    return on_tall(self._closest, view, w.dtype, w, **self._point_options())
 
   def reorthonormalize(self, w, *, view=None):
     """:meth:`orthonormalize` for an iterate that drifted from the manifold.
@@ -127,21 +147,32 @@ class Manifold(abc.ABC):
     matrix products where the manifold allows (Stiefel: Newton–Schulz, not an
     SVD: :func:`~orthojax.manifolds.reorthonormalize_newton_schulz`).
     """
-    return on_tall(self._reorthonormalize, view, w.dtype, w)
+    return on_tall(self._reorthonormalize, view, w.dtype, w, **self._point_options())
 
   def reorthonormalize_step(self, w, *, view=None):
     """The clean-up of ``reorthonormalize_every=1``: cheap enough for every step, with no
     loop or branch for a GPU to wait on, and enough for an iterate that leaves the
     manifold by a little each step (Stiefel: one Newton–Schulz step,
     :func:`~orthojax.manifolds.newton_schulz_step`)."""
-    return on_tall(self._reorthonormalize_step, view, w.dtype, w)
+    return on_tall(self._reorthonormalize_step, view, w.dtype, w, **self._point_options())
+
+  def correct(self, w, *, view=None):
+    """``w`` corrected at float32 where this manifold's products are reduced, ``w`` itself
+    where they run at float32: what every method that returns a point applies, for a
+    point a caller computed with :func:`orthojax.linalg.at_precision` at this manifold's
+    ``precision`` (the fused optimizers' retraction). Stiefel: one Newton–Schulz step
+    whose Gram matrix is formed at float32 (:meth:`Stiefel.correct`)."""
+    return on_tall(lambda y: y, view, w.dtype, w, **self._point_options())
+
+  def _point_options(self):
+    return dict(precision=self.precision, correct=self._correct)
 
   def defect(self, w, *, view=None):
     """Distance from the manifold per batch matrix (0 on the manifold)."""
     linalg.check_float(w)
     lo = linalg.layout(w.shape, view)
-    with jax.default_matmul_precision("highest"):
-      return self._defect(lo.to_tall(jnp.asarray(w, linalg.compute_dtype(w.dtype))))
+    tall = lo.to_tall(jnp.asarray(w, linalg.compute_dtype(w.dtype)))
+    return linalg.at_precision(self._defect, "highest")(tall)
 
   def random(self, key, shape, dtype=jnp.float32, *, view=None):
     """A random point of ``shape`` (uniform / Haar where that is defined)."""

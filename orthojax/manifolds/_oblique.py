@@ -31,6 +31,9 @@ class Oblique(Manifold):
 
   Args:
     retraction: "exp" (the sphere's exponential map; default) or "normalize".
+
+  Its maths is column by column (no matrix products), so it runs at float32 on every
+  backend and takes no ``precision``.
   """
 
   RETRACTIONS = ("exp", "normalize")

@@ -173,6 +173,23 @@ def newton_schulz_step(x):
   return x @ (1.5 * eye - 0.5 * (x.mT @ x))
 
 
+def corrected_newton_schulz_step(x, precision):
+  """The float32 correction of a point ``x`` computed with reduced-precision products:
+  the Newton–Schulz step of :func:`newton_schulz_step` written as
+  ``X + X (I − XᵀX) / 2``, its Gram matrix ``XᵀX`` at float32 and the product with the
+  small ``(I − XᵀX) / 2`` at ``precision``.
+
+  A defect ``δ`` of ``x`` becomes ``~3/4 δ²`` plus the Gram matrix's float32 rounding,
+  and the reduced product's error is its relative rounding times ``δ`` (three
+  bfloat16 passes: ``2⁻¹⁷ δ``), so a point from three-pass products (``δ ≈ 1e-5``) lands
+  at float32 rounding: one ``n × p × p`` product at float32, against the maths' own
+  several at tensor-core rates.
+  """
+  eye = jnp.eye(x.shape[-1], dtype=x.dtype)
+  gram = linalg.at_precision(lambda y: y.mT @ y, "highest")(x)
+  return x + linalg.at_precision(lambda y, e: y @ e, precision)(x, 0.5 * (eye - gram))
+
+
 def reorthonormalize_newton_schulz(x, max_steps=30):
   """The polar factor of a full-rank tall ``x`` by scaled cubic Newton–Schulz.
 
@@ -222,6 +239,12 @@ class Stiefel(Manifold):
       triangular solve, Householder where its guard fails) or "householder" (LAPACK's
       QR). The same point to rounding; CholeskyQR2 is the faster on a CPU (26–37 % per
       Riemannian Adam step, 2 cores) and is matrix-product work on accelerators.
+    precision: of the matrix products (:data:`orthojax.linalg.PRECISIONS`). None
+      (default): per backend (:data:`orthojax.linalg.MANIFOLD_PRECISION`): float32 on a
+      CPU, three bfloat16 passes on a GPU's or TPU's tensor cores, each point then
+      corrected at float32 (:func:`corrected_newton_schulz_step`), which holds
+      ``‖WᵀW − I‖`` at float32 rounding. ``"bf16x3"`` or ``"bf16"`` on a CPU emulate
+      the tensor cores' numbers exactly (:func:`orthojax.linalg.at_precision`).
   """
 
   RETRACTIONS = ("qr", "cayley", "polar", "newton_schulz")
@@ -233,7 +256,8 @@ class Stiefel(Manifold):
 
   def __init__(self, retraction: str = "qr", metric: str = "euclidean",
                cayley_iterations: int | None = None, ns_steps: int = 12,
-               ns_tol: float | None = None, qr_algorithm: str = "cholesky_qr2"):
+               ns_tol: float | None = None, qr_algorithm: str = "cholesky_qr2",
+               precision: linalg.Precision = None):
     if retraction not in self.RETRACTIONS:
       raise ValueError(f"Stiefel: unknown retraction={retraction!r}; choose one of {self.RETRACTIONS}")
     if metric not in self.METRICS:
@@ -251,6 +275,8 @@ class Stiefel(Manifold):
     self.ns_steps = int(ns_steps)
     self.ns_tol = None if ns_tol is None else float(ns_tol)
     self.qr_algorithm = qr_algorithm
+    linalg.check_precision("Stiefel", precision)
+    self.precision = precision
 
   def _project(self, w, v):
     return v - w @ linalg.sym(w.mT @ v)
@@ -264,9 +290,9 @@ class Stiefel(Manifold):
     if self.retraction == "qr":
       if self.qr_algorithm == "householder":
         return linalg.qr_orthonormalize(w + v)
-      return linalg.cholesky_qr2(w + v)
+      return linalg.cholesky_qr2(w + v, precision=self.precision)
     if self.retraction == "polar":
-      return linalg.polar(w + v)
+      return linalg.polar(w + v, precision=self.precision)
     if self.retraction == "newton_schulz":
       # Scale only when 1 + ||V||_F > 1.7 (keeps sigma_max < sqrt(3)); the where
       # keeps the gradient finite at V = 0.
@@ -293,10 +319,13 @@ class Stiefel(Manifold):
     return linalg.qr_orthonormalize(gaussian(key, batch_shape, n, p, dtype))
 
   def _closest(self, w):
-    return linalg.polar(w)
+    return linalg.polar(w, precision=self.precision)
 
   def _reorthonormalize(self, w):
     return reorthonormalize_newton_schulz(w)
 
   def _reorthonormalize_step(self, w):
     return newton_schulz_step(w)
+
+  def _correct(self, w):
+    return corrected_newton_schulz_step(w, self.precision)

@@ -60,8 +60,9 @@ paths differ by ``O(delta * ||step||)``, far below float32 resolution for the
 retractions here (tested at 1e-5 over several steps).
 
 Like the building blocks, the update is plain jnp (jit-able, sharding
-agnostic, no host callbacks); matrix products run at
-``Precision.HIGHEST`` as in :mod:`orthojax.manifolds`.
+agnostic, no host callbacks); matrix products run at the manifold's ``precision``
+and each new point is corrected at float32 where they are reduced, as in
+:mod:`orthojax.manifolds`.
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ def retract_tall(manifold: Stiefel, x, xi, omega, stored_dtype, count,
     if manifold.retraction == "cayley" and manifold.cayley_iterations is not None:
       y = cayley_iterative_from_coordinates(x, xi, omega, manifold.cayley_iterations)
       y = polish(y, stored_dtype)  # as Stiefel's Cayley retraction
+      y = manifold.correct(y, view=_TALL)  # as Stiefel's retract: float32 where reduced
     else:
       y = manifold.retract(x, xi, view=_TALL, stored_dtype=stored_dtype)
     y = clean_up(y, count, reorthonormalize_every,
@@ -222,9 +224,10 @@ def _fused_stiefel_adam(learning_rate, manifold, views, options, reorthonormaliz
     leaf = functools.partial(_adam_leaf, manifold=manifold, count=count, neg_lr=neg_lr,
                              retract_count=retract_count,
                              reorthonormalize_every=reorthonormalize_every, **options)
-    with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
-      triples = linalg.map_views(leaf, params, updates, adam_state.mu, adam_state.nu,
-                                 views=views, bucket=bucket)
+    # Products at the manifold's precision, as its own methods run them.
+    triples = linalg.at_precision(
+        lambda *trees: linalg.map_views(leaf, *trees, views=views, bucket=bucket),
+        manifold.precision)(params, updates, adam_state.mu, adam_state.nu)
     treedef = jax.tree_util.tree_structure(updates)
     flat = treedef.flatten_up_to(triples)
     out, mu, nu = (treedef.unflatten([t[k] for t in flat]) for k in range(3))

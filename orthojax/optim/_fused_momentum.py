@@ -127,9 +127,10 @@ def _fused_stiefel_momentum(learning_rate, manifold, mu, nesterov, views,
       y = lo.from_tall(y).astype(jnp.result_type(w, g))
       return (y - w).astype(g.dtype), lo.from_tall(m_new).astype(m.dtype)
 
-    with jax.default_matmul_precision("highest"):  # as orthojax.manifolds: no TF32/bf16 passes
-      pairs = linalg.map_views(leaf, params, updates, momentum_state.trace, views=views,
-                               bucket=bucket)
+    # Products at the manifold's precision, as its own methods run them.
+    pairs = linalg.at_precision(
+        lambda *trees: linalg.map_views(leaf, *trees, views=views, bucket=bucket),
+        manifold.precision)(params, updates, momentum_state.trace)
     out, trace = linalg.unzip(pairs, updates)
     new_state = (empty, RiemannianMomentumState(trace=trace), lr_state,
                  RetractState(count=retract_count))
