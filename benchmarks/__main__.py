@@ -42,6 +42,7 @@ SUITES: list[tuple[str, str]] = [
     ("loaded", "benchmarks.loaded_bench"),
     ("launches", "benchmarks.launches_bench"),
     ("gpu", "benchmarks.gpu_bench"),
+    ("precision", "benchmarks.precision_bench"),
 ]
 
 

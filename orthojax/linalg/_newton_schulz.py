@@ -26,6 +26,7 @@ import numpy as np
 
 from orthojax.linalg._matrix_view import check_float
 from orthojax.linalg._matrix_view import compute_dtype
+from orthojax.linalg._precision import at_precision, check_precision
 
 Coeffs = tuple[float, float, float]
 CoeffsLike = Union[str, Sequence[float], Sequence[Sequence[float]]]
@@ -328,10 +329,12 @@ def newton_schulz(
       ``(0, √3)``, e.g. a retraction of ``W + ξ`` with ``W`` orthonormal and a
       small tangent step ``ξ`` (``σ ≈ 1 ± ‖ξ‖₂``), where 3–5 steps reach
       float32 accuracy instead of 20+.
-    precision: passed to every ``jnp.matmul``. On GPUs and TPUs the default
-      float32 matmul may use reduced precision (TF32 / bf16 passes); use
-      ``jax.lax.Precision.HIGHEST`` when the result must be orthonormal to
-      float32 accuracy (retractions).
+    precision: of the products: a name of :data:`orthojax.linalg.PRECISIONS`
+      (:func:`orthojax.linalg.at_precision`: ``"highest"`` when the result must be
+      orthonormal to float32 accuracy, ``"bf16"`` as Muon's authors run it on tensor
+      cores, emulated on a CPU), or None / a ``jax.lax.Precision`` passed to every
+      ``jnp.matmul`` (None: the enclosing default — on GPUs and TPUs the default
+      float32 product may use TF32 or bfloat16 passes).
     gram: iterate on the Gram matrix (above); the schedule is unrolled whatever its
       length.
     restart_every: with ``gram``, form the iterate and its Gram matrix anew every this
@@ -367,7 +370,12 @@ def newton_schulz(
   if restart_every is not None and (not gram or int(restart_every) < 1):
     raise ValueError(f"newton_schulz: restart_every={restart_every!r} needs gram=True and "
                      f"an int >= 1")
-  if gram:
+  if isinstance(precision, str):
+    check_precision("newton_schulz", precision)
+    run = _run_gram if gram else _run_schedule
+    args = (schedule, None, skip_quintic) + ((restart_every,) if gram else ())
+    x = at_precision(lambda y: run(y, *args), precision)(x)
+  elif gram:
     x = _run_gram(x, schedule, precision, skip_quintic, restart_every)
   else:
     x = _run_schedule(x, schedule, precision, skip_quintic)

@@ -106,15 +106,16 @@ def at_precision(fn: Callable[..., Any], precision: Precision = "highest", *,
 
 
 def reduced(precision: Precision, *, default: Mapping[str, str] = MANIFOLD_PRECISION
-            ) -> Callable[[Callable[[Any], Any], Any], Any]:
-  """``apply(f, x)``: ``f(x)`` on the backends whose products ``precision`` reduces, ``x``
-  itself where they run at float32 — how a manifold adds its final float32 correction
-  only where it is needed."""
+            ) -> Callable[..., Any]:
+  """``apply(f, x, otherwise=None)``: ``f(x)`` on the backends whose products ``precision``
+  reduces, ``otherwise(x)`` (default ``x`` itself) where they run at float32 — how a
+  manifold adds its final float32 correction only where it is needed."""
   table = _table(precision, default)
 
-  def apply(f, x):
-    cpu = f if table["cpu"] != "highest" else (lambda y: y)
-    accelerator = f if table["default"] != "highest" else (lambda y: y)
+  def apply(f, x, otherwise=None):
+    otherwise = otherwise or (lambda y: y)
+    cpu = f if table["cpu"] != "highest" else otherwise
+    accelerator = f if table["default"] != "highest" else otherwise
     if cpu is accelerator:
       return cpu(x)
     return jax.lax.platform_dependent(x, cpu=cpu, default=accelerator)

@@ -153,15 +153,19 @@ class Manifold(abc.ABC):
     """The clean-up of ``reorthonormalize_every=1``: cheap enough for every step, with no
     loop or branch for a GPU to wait on, and enough for an iterate that leaves the
     manifold by a little each step (Stiefel: one Newton–Schulz step,
-    :func:`~orthojax.manifolds.newton_schulz_step`)."""
-    return on_tall(self._reorthonormalize_step, view, w.dtype, w, **self._point_options())
+    :func:`~orthojax.manifolds.newton_schulz_step`). Where the products are reduced
+    it is :meth:`correct`, itself such a step (with a float32 Gram matrix)."""
+    # Where the products are reduced, the correction every point gets is such a step.
+    step = lambda y: on_tall(self._reorthonormalize_step, view, w.dtype, y, precision="highest")
+    return linalg.reduced(self.precision)(lambda y: self.correct(y, view=view), w,
+                                          otherwise=step)
 
   def correct(self, w, *, view=None):
     """``w`` corrected at float32 where this manifold's products are reduced, ``w`` itself
     where they run at float32: what every method that returns a point applies, for a
     point a caller computed with :func:`orthojax.linalg.at_precision` at this manifold's
     ``precision`` (the fused optimizers' retraction). Stiefel: one Newton–Schulz step
-    whose Gram matrix is formed at float32 (:meth:`Stiefel.correct`)."""
+    whose Gram matrix is formed at float32 (:func:`~orthojax.manifolds.corrected_newton_schulz_step`)."""
     return on_tall(lambda y: y, view, w.dtype, w, **self._point_options())
 
   def _point_options(self):

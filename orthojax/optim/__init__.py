@@ -24,6 +24,7 @@ from orthojax.optim._cayley import CayleyState
 from orthojax.optim._keeps import ManifoldTransformation
 from orthojax.optim._keeps import keeps_manifold
 from orthojax.optim._landing import LandingState
+from orthojax.optim._muon import MUON_PRECISION
 from orthojax.optim._muon import muon_dimension_numbers
 from orthojax.optim._muon import scale_by_muon
 from orthojax.optim._muon import to_muon

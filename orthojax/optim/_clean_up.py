@@ -19,6 +19,11 @@ Cayley optimizers) leaves a small defect each step that accumulates. Two ways re
   one step leaves ``~3/4 δ²`` of a per-step defect ``δ``, below 1e-5 for ``δ ≲ 3e-3``
   (radam at 1e-3 on unit gradients); a large step (rsgd at 3e-2 on unit gradients of a
   96 × 24 matrix) kept 3.5e-3, and needs the full clean-up or a smaller step.
+
+Where the manifold's products are reduced (``Stiefel(precision=None)`` on a GPU or TPU:
+three bfloat16 passes), every retraction already ends with such a step, its Gram matrix
+at float32 (:meth:`orthojax.manifolds.Manifold.correct`), so ``reorthonormalize_every=1``
+adds nothing there (:func:`after_retraction`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,15 @@ from typing import Any, Callable
 
 from orthojax import linalg
 from orthojax.optim._checks import traced
+
+
+def after_retraction(manifold: Any, view: Any = None) -> Callable[[Any], Any]:
+  """The every-step clean-up of a point ``manifold.retract`` returned: its
+  ``reorthonormalize_step`` where the manifold's products run at float32; nothing where
+  they are reduced, since the retraction's float32 correction is already that step
+  (:meth:`orthojax.manifolds.Manifold.correct`)."""
+  return lambda y: linalg.reduced(manifold.precision)(
+      lambda y: y, y, otherwise=lambda y: manifold.reorthonormalize_step(y, view=view))
 
 
 def clean_up(y: Any, count: Any, every: Any, full: Callable[[Any], Any],

@@ -77,7 +77,7 @@ import optax
 from orthojax import linalg
 from orthojax.manifolds import Stiefel, polish
 from orthojax.optim._checks import check_bucket, check_rate, check_second_moment, require_params
-from orthojax.optim._clean_up import clean_up
+from orthojax.optim._clean_up import after_retraction, clean_up
 from orthojax.optim._keeps import keeping
 from orthojax.optim._recorded import views_from_init
 from orthojax.optim._riemannian import (RetractState, ScaleByRiemannianAdamState,
@@ -148,7 +148,7 @@ def retract_tall(manifold: Stiefel, x, xi, omega, stored_dtype, count,
       y = manifold.retract(x, xi, view=_TALL, stored_dtype=stored_dtype)
     y = clean_up(y, count, reorthonormalize_every,
                  lambda y: manifold.reorthonormalize(y, view=_TALL),
-                 lambda y: manifold.reorthonormalize_step(y, view=_TALL))
+                 after_retraction(manifold, _TALL))
   return y
 
 

@@ -39,6 +39,12 @@ from orthojax.optim._riemannian import retract
 _QUINTIC = (3.4445, -4.7750, 2.0315)   # optax.contrib.muon's default (Jordan's quintic)
 _FROM_VIEWS = "from views"
 
+MUON_PRECISION = {"cpu": "highest", "gpu": "bf16", "tpu": "bf16"}
+"""Muon's ``precision=None`` per backend (:data:`orthojax.linalg.PRECISIONS`): float32
+on a CPU, one bfloat16 pass on the tensor cores of a GPU or TPU, as Jordan et al. run
+the Newton–Schulz iteration (it holds no constraint: the quintic's own spread of singular
+values, about [0.68, 1.2], is far wider than bfloat16's rounding)."""
+
 
 def to_muon(view: Any) -> MuonDimensionNumbers:
   """A :class:`orthojax.linalg.MatrixView` as optax ``MuonDimensionNumbers``."""
@@ -104,6 +110,7 @@ def scale_by_muon(
     adaptive: bool = False,
     preconditioning: str = "frobenius",
     bucket: str = "pad",
+    precision: linalg.Precision = None,
 ) -> optax.GradientTransformation:
   """``optax.contrib.scale_by_muon``, one batched program per bucket of matrices.
 
@@ -130,16 +137,19 @@ def scale_by_muon(
       Variables record, read at ``init`` on the ``nnx.Optimizer`` path and kept in the
       state (:class:`orthojax.optim.RecordedViewsState`), else inferred.
     bucket: how the matrices are stacked (:data:`orthojax.linalg.BUCKETS`).
+    precision: of the orthogonalization's products (:data:`orthojax.linalg.PRECISIONS`;
+      None: :data:`MUON_PRECISION`'s entry for the backend, bfloat16 on tensor cores).
   """
   check_decay("scale_by_muon", beta, "beta")
   check_bucket("scale_by_muon", bucket)
+  linalg.check_precision("scale_by_muon", precision)
   options = dict(ns_coeffs=ns_schedule(ns_coeffs, ns_steps), ns_steps=ns_steps, beta=beta,
                  eps=eps, mu_dtype=mu_dtype, nesterov=nesterov, adaptive=adaptive,
                  preconditioning=preconditioning)
-  return views_from_init(lambda v: _scale_by_muon(options, v, bucket), views)
+  return views_from_init(lambda v: _scale_by_muon(options, v, bucket, precision), views)
 
 
-def _scale_by_muon(options: dict[str, Any], views: Any, bucket: str
+def _scale_by_muon(options: dict[str, Any], views: Any, bucket: str, precision: Any
                    ) -> optax.GradientTransformation:
   one_chain_per_leaf = optax.contrib.scale_by_muon(**options)
   # optax scales an adaptive update by a sum over the whole leaf, which a stack of leaves
@@ -162,8 +172,10 @@ def _scale_by_muon(options: dict[str, Any], views: Any, bucket: str
           g, state._replace(mu=mu))
       return out, new.mu
 
-    pairs = map_views(stacked, updates, state.mu, views=_map_views_views(views),
-                      default=lambda g, mu: (g, mu), bucket=bucket)
+    pairs = linalg.at_precision(
+        lambda g, mu: map_views(stacked, g, mu, views=_map_views_views(views),
+                                default=lambda g, mu: (g, mu), bucket=bucket),
+        precision, default=MUON_PRECISION)(updates, state.mu)
     new_updates, mu = unzip(pairs, updates)
     return new_updates, state._replace(count=optax.safe_increment(state.count), mu=mu)
 
@@ -270,6 +282,7 @@ def muon(
     views: Any = None,
     muon_weight_dimension_numbers: Any = _FROM_VIEWS,
     bucket: str = "pad",
+    precision: linalg.Precision = None,
 ) -> optax.GradientTransformation:
   """``optax.contrib.muon`` with dimension numbers from the matrix view, bucketed.
 
@@ -296,6 +309,7 @@ def muon(
       kept in the state (:class:`orthojax.optim.RecordedViewsState`), else inferred.
     muon_weight_dimension_numbers: not taken: they are derived from ``views``.
     bucket: how the matrices are stacked (:func:`scale_by_muon`).
+    precision: of the orthogonalization's products (:func:`scale_by_muon`).
   """
   check_rate("muon", learning_rate)
   for name, value in (("beta", beta), ("adam_b1", adam_b1), ("adam_b2", adam_b2)):
@@ -305,9 +319,10 @@ def muon(
   if adam_learning_rate is not None:
     check_rate("muon", adam_learning_rate, "adam_learning_rate")
   check_bucket("muon", bucket)
+  linalg.check_precision("muon", precision)
   muon_options = dict(ns_coeffs=ns_coeffs, ns_steps=ns_steps, beta=beta, eps=eps,
                       mu_dtype=mu_dtype, nesterov=nesterov, adaptive=adaptive,
-                      preconditioning=preconditioning, bucket=bucket)
+                      preconditioning=preconditioning, bucket=bucket, precision=precision)
   adam = optax.adamw(
       learning_rate=learning_rate if adam_learning_rate is None else adam_learning_rate,
       b1=adam_b1, b2=adam_b2, eps=eps, eps_root=adam_eps_root,
@@ -340,6 +355,7 @@ def stiefel_muon(
     retraction_steps: int = 8,
     views: Any = None,
     bucket: str = "pad",
+    precision: linalg.Precision = None,
 ) -> optax.GradientTransformation:
   """Muon steps kept on the Stiefel manifold by a Newton–Schulz retraction.
 
@@ -355,6 +371,10 @@ def stiefel_muon(
       record, read at ``init`` on the ``nnx.Optimizer`` path and kept in the state
       (:class:`orthojax.optim.RecordedViewsState`), else inferred.
     bucket: how the matrices are stacked (:data:`orthojax.linalg.BUCKETS`).
+    precision: of the products (:data:`orthojax.linalg.PRECISIONS`), the direction's and
+      the retraction's. None: each its own per backend — the direction Muon's
+      (:data:`MUON_PRECISION`), the retraction the manifold's (:class:`Stiefel`: three
+      bfloat16 passes and a float32 correction on tensor cores).
 
   Returns:
     A :class:`orthojax.optim.ManifoldTransformation`.
@@ -363,7 +383,8 @@ def stiefel_muon(
   check_decay("stiefel_muon", beta, "beta")
   check_static("stiefel_muon", retraction_steps, "retraction_steps")
   check_bucket("stiefel_muon", bucket)
-  manifold = Stiefel("newton_schulz", ns_steps=retraction_steps)
+  linalg.check_precision("stiefel_muon", precision)
+  manifold = Stiefel("newton_schulz", ns_steps=retraction_steps, precision=precision)
 
   def build(views):
     def dims(params):
@@ -378,7 +399,7 @@ def stiefel_muon(
 
     return keeping(optax.chain(
         scale_by_muon(ns_steps=ns_steps, beta=beta, nesterov=nesterov, views=dims,
-                      bucket=bucket),
+                      bucket=bucket, precision=precision),
         optax.scale_by_learning_rate(learning_rate),
         retract(manifold, views, bucket=bucket)))
 

@@ -33,7 +33,7 @@ from orthojax.linalg import map_views, unzip
 from orthojax.manifolds import Manifold
 from orthojax.optim._checks import (check_bucket, check_decay, check_manifold, check_matrices,
                                      check_second_moment, require_params, traced)
-from orthojax.optim._clean_up import clean_up
+from orthojax.optim._clean_up import after_retraction, clean_up
 from orthojax.optim._keeps import keeping
 from orthojax.optim._recorded import views_from_init
 from orthojax.optim._scope import scoped
@@ -307,7 +307,7 @@ def _retract(manifold, views, reorthonormalize_every, bucket):
       y = manifold.retract(w, u, view=view)
       y = clean_up(y, count, reorthonormalize_every,
                    lambda y: manifold.reorthonormalize(y, view=view),
-                   lambda y: manifold.reorthonormalize_step(y, view=view))
+                   after_retraction(manifold, view))
       return (y - w).astype(u.dtype)
 
     return map_views(leaf, params, updates, views=views, bucket=bucket), RetractState(count=count)
