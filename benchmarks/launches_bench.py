@@ -87,7 +87,7 @@ def _against_per_leaf(name: str, config: str, bucketed: hlo.Module, per_leaf: hl
 def _resnet_optimizers(bucket: str) -> dict[str, optax.GradientTransformation]:
   sgd = lambda: optax.sgd(0.1, momentum=0.9)
   cayley = oj.manifolds.Stiefel("cayley", cayley_iterations=2)
-  conv = {"radam": oj.optim.radam(1e-3, cayley, reorthonormalize_every=100, bucket=bucket),
+  conv = {"radam": oj.optim.radam(1e-3, cayley, reorthonormalize_every=1, bucket=bucket),
           "radam_qr": oj.optim.radam(1e-3, oj.manifolds.Stiefel("qr"), bucket=bucket),
           "muon": oj.optim.muon(0.02, bucket=bucket)}
   return {"sgd": sgd(), **{name: oj.optim.partition(conv_labels, sgd=sgd(), conv=tx)

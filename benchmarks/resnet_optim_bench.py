@@ -59,7 +59,7 @@ def conv_labels(params):
 def optimizers(lr: float = 0.1, bucket: str = "pad") -> dict[str, optax.GradientTransformation]:
   sgd = lambda: optax.sgd(lr, momentum=0.9)
   cayley = oj.manifolds.Stiefel("cayley", cayley_iterations=2)
-  radam = oj.optim.radam(1e-3, cayley, reorthonormalize_every=100, bucket=bucket)
+  radam = oj.optim.radam(1e-3, cayley, reorthonormalize_every=1, bucket=bucket)
   return {
       "sgd": sgd(),
       "muon": oj.optim.partition(conv_labels, sgd=sgd(),

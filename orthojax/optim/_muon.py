@@ -373,7 +373,8 @@ def stiefel_muon(
     bucket: how the matrices are stacked (:data:`orthojax.linalg.BUCKETS`).
     precision: of the products (:data:`orthojax.linalg.PRECISIONS`), the direction's and
       the retraction's. None: each its own per backend — the direction Muon's
-      (:data:`MUON_PRECISION`), the retraction the manifold's (:class:`Stiefel`: three
+      (:data:`MUON_PRECISION`), the retraction the manifold's
+      (:class:`orthojax.manifolds.Stiefel`: three
       bfloat16 passes and a float32 correction on tensor cores).
 
   Returns:

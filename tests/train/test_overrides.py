@@ -129,6 +129,31 @@ def test_a_nested_section_is_created_by_naming_it():
   assert built.retraction == "cayley"
 
 
+@pytest.mark.parametrize("value,expected", [("bf16x3", "bf16x3"), ("highest", "highest"),
+                                            ("None", None)])
+def test_the_precision_is_set_from_the_command_line(value, expected):
+  """``precision``: one name from the manifold's section to Muon's and stiefel_muon's."""
+  tree = apply("--config.optimizer.stiefel.manifold.name=Stiefel",
+               f"--config.optimizer.stiefel.manifold.precision={value}",
+               "--config.optimizer.euclidean.name=muon",
+               f"--config.optimizer.euclidean.precision={value}")
+  manifold = tree["optimizer"]["stiefel"]["manifold"]
+  assert registry.build("manifold", manifold, "m").precision == expected
+  assert tree["optimizer"]["euclidean"]["precision"] == expected
+
+
+def test_a_bad_precision_is_one_line_naming_the_key():
+  tree = apply("--config.optimizer.stiefel.manifold.name=Stiefel",
+               "--config.optimizer.stiefel.manifold.precision=fp8")
+  with pytest.raises(ConfigError) as e:
+    registry.build("manifold", tree["optimizer"]["stiefel"]["manifold"],
+                   "config.optimizer.stiefel.manifold")
+  text = str(e.value)
+  assert "\n" not in text and text.startswith(
+      "config.optimizer.stiefel.manifold.precision='fp8': Stiefel: precision='fp8' is not a "
+      "precision; use one of ('highest', 'bf16x3', 'bf16')"), text
+
+
 def test_a_keyword_the_section_leaves_out_is_added():
   tree = apply("--config.optimizer.stiefel.nesterov=true",
                "--config.optimizer.stiefel.reorthonormalize_every=10")
