@@ -9,8 +9,8 @@ other parameter):
 * ``sgd``: SGD with momentum 0.9 (``optax.sgd``) on every parameter — the
   baseline;
 * ``radam``: conv kernels to ``oj.optim.radam(Stiefel("cayley",
-  cayley_iterations=2))`` (Riemannian Adam, iterative Cayley, re-orthonormalised
-  every 100 steps), the rest SGD momentum;
+  cayley_iterations=2), reorthonormalize_every=1)`` (Riemannian Adam, iterative Cayley,
+  a Newton–Schulz step after each: no branch in the step), the rest SGD momentum;
 * ``muon``: conv kernels to ``oj.optim.muon`` (optax's Muon with dimension
   numbers from the matrix views), the rest SGD momentum.
 
