@@ -9,12 +9,13 @@ device's time limit still reports what it finished; every program is compiled on
 (``jax.jit(…).lower(…).compile()``) and its compile time is a row. In this order:
 
 1. **The update alone** on ResNet-50's 53 conv kernels (``--quick``: ResNet-18's 20):
-   radam (iterative Cayley, 2 iterations, the clean-up every 100 steps in a branch, or a
-   Newton–Schulz step after every step: ``reorthonormalize_every=1``), Muon and
-   ``stiefel_muon``: compile seconds, median milliseconds per update, and for the two
-   that keep the manifold the largest defect ``‖WᵀW − I‖_F`` after ``N`` steps of random
-   gradients (1,000 on a GPU, one scanned program; target ≤ 1e-5, the constraint held at
-   float32 rounding).
+   radam (iterative Cayley, 2 iterations, a Newton–Schulz step after every step), Muon and
+   ``stiefel_muon``, each at float32 products and at its tensor-core precision
+   (``precision=None`` on a GPU: three bfloat16 passes for the manifolds, one for Muon),
+   and radam at float32 with the clean-up every 100 steps in a branch: compile seconds,
+   median milliseconds per update, and for those that keep the manifold the largest
+   defect ``‖WᵀW − I‖_F`` after ``N`` steps of random gradients (1,000 on a GPU, one
+   scanned program; target ≤ 1e-5, the constraint held at float32 rounding).
 2. **ResNet-50 train steps** at batch 256 (``--quick``: ResNet-18, batch 2): SGD, and the
    conv kernels on radam or Muon (the ``resnet_optim`` suite's optimizers), each step's
    compile time over SGD's (target ≤ 2×) and its time over SGD's (targets ≤ 1.05× radam,
@@ -80,23 +81,35 @@ def _conv_kernels(depth: int) -> dict[str, jax.Array]:
           for i, (k, s) in enumerate(zip(keys, shapes))}
 
 
+def update_optimizers() -> dict[str, optax.GradientTransformation]:
+  """The update-alone rows' optimizers, each at each precision it is offered at."""
+  txs = {}
+  for precision in ("highest", "bf16x3"):
+    cayley = oj.manifolds.Stiefel("cayley", cayley_iterations=2, precision=precision)
+    txs[f"radam {precision}"] = oj.optim.radam(1e-3, cayley, reorthonormalize_every=1)
+  txs["radam highest, clean-up every 100 steps"] = oj.optim.radam(
+      1e-3, oj.manifolds.Stiefel("cayley", cayley_iterations=2, precision="highest"),
+      reorthonormalize_every=100)
+  for precision in ("highest", "bf16"):
+    txs[f"muon {precision}"] = oj.optim.muon(0.02, precision=precision)
+  for precision in ("highest", "bf16x3"):
+    txs[f"stiefel_muon {precision}"] = oj.optim.stiefel_muon(0.02, precision=precision)
+  return txs
+
+
 def _update_rows(rows: list[Row], quick: bool) -> None:
   depth, steps = (18, 20) if quick else (50, 1000)
   params = _conv_kernels(depth)
-  cayley = oj.manifolds.Stiefel("cayley", cayley_iterations=2)
-  txs = {"radam": oj.optim.radam(1e-3, cayley, reorthonormalize_every=100),
-         "radam, clean-up every step": oj.optim.radam(1e-3, cayley, reorthonormalize_every=1),
-         "muon": oj.optim.muon(0.02), "stiefel_muon": oj.optim.stiefel_muon(0.02)}
   grads = jax.tree.map(lambda p: 0.01 * jnp.ones_like(p), params)
   config = f"ResNet-{depth}'s {len(params)} conv kernels"
-  for name, tx in txs.items():
+  for name, tx in update_optimizers().items():
     state = tx.init(params)
     update, seconds = _compiled(lambda g, s, p, tx=tx: tx.update(g, s, p), grads, state, params)
     _emit(rows, row(SUITE, f"{name} update compile, {config}", seconds, "s"))
     median = time_fns({name: update}, grads, state, params, jit=False, warmup=1,
                       repeats=3 if quick else 10)[name]
     _emit(rows, row(SUITE, f"{name} update, {config}", 1e3 * median, "ms"))
-    if name != "muon":
+    if not name.startswith("muon"):
       _emit(rows, _defect_row(name, tx, params, steps, config))
 
 
