@@ -33,6 +33,13 @@ a case alternate call by call and the median is reported; the 1-minute load aver
 in the table's header. Before timing, every Riemannian method takes 10 steps and must leave its
 weights orthonormal (``‖WᵀW − I‖_F ≤ 1e-4``), else the case raises.
 
+The split (no peer needed, so it runs without the ``peers`` extra too): orthojax's whole
+training step beside its parts, each compiled on its own and timed interleaved — forward
+and backward (``jax.grad``), the update given those gradients, the step — for Adam and
+Riemannian Adam (QR); the step minus the two is what the compiled step spends between them
+(copies, scheduling). Every row's note names the CPU model: the peers' ratios differ from
+one CPU to another.
+
 Targets (ahead of geoopt on the same CPU), CPU only: each optimizer step at
 ``≤ 0.8×`` geoopt's time for the same algorithm; the whole training step's Riemannian
 overhead over its own Adam at or below geoopt's over torch's Adam.
@@ -43,6 +50,7 @@ it the suite reports one row saying it was skipped and why.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -58,6 +66,7 @@ import jax.numpy as jnp
 import optax
 
 import orthojax as oj
+from benchmarks import _harness
 from benchmarks import _peers_data
 from benchmarks._harness import Row
 from benchmarks._harness import Target
@@ -262,13 +271,68 @@ def _training_rows(worker: _TorchWorker, quick: bool, reps: dict[str, int]) -> l
   return rows
 
 
+def _split_parts(tx_hidden, x, y, hidden, head) -> dict[str, Callable[[], Any]]:
+  """orthojax's whole training step and its parts, each its own compiled program on the
+  same arrays: forward and backward (``jax.grad``), the update given those gradients, and
+  the step; what the step costs beyond the two is the copies and scheduling between them."""
+  params = {"hidden": jnp.asarray(hidden), "head": jnp.asarray(head)}
+  tx = optax.partition({"hidden": tx_hidden, "head": optax.adam(LR)},
+                       {"hidden": "hidden", "head": "head"})
+  x, y = jnp.asarray(x), jnp.asarray(y)
+
+  def loss(p):
+    h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, p["hidden"])
+    return optax.softmax_cross_entropy_with_integer_labels(h @ p["head"], y).mean()
+
+  grad = jax.jit(jax.grad(loss))
+  update = jax.jit(lambda g, state, p: optax.apply_updates(p, tx.update(g, state, p)[0]))
+  step = jax.jit(lambda p, state: optax.apply_updates(p, tx.update(jax.grad(loss)(p), state,
+                                                                   p)[0]))
+  state = tx.init(params)
+  g = grad(params)
+  return {"forward+backward": lambda: jax.block_until_ready(grad(params)),
+          "update": lambda: jax.block_until_ready(update(g, state, params)),
+          "step": lambda: jax.block_until_ready(step(params, state))}
+
+
+def _split_rows(quick: bool, reps: dict[str, int]) -> list[Row]:
+  """Where orthojax's whole CPU step goes (the peers' comparison needs no peer for it)."""
+  depth, width, batch = (8, 128, 256) if quick else (32, 400, 1000)
+  x, y, hidden, head = _peers_data.mlp_case(depth, width, batch)
+  label = f"{depth}x{width} tanh MLP, batch {batch}"
+  rows = []
+  for kind in ("adam", "radam_qr"):
+    tx = optax.adam(LR) if kind == "adam" else _orthojax_optimizer(kind)
+    parts = _split_parts(tx, x, y, hidden, head)
+    t = _time_interleaved({k: _timed(fn) for k, fn in parts.items()}, **reps)
+    for part, seconds in t.items():
+      rows.append(row(SUITE, f"train step split, {label}, orthojax {kind}: {part}",
+                      1e3 * seconds, "ms"))
+    rows.append(row(SUITE, f"train step split, {label}, orthojax {kind}: the rest",
+                    1e3 * (t["step"] - t["forward+backward"] - t["update"]), "ms",
+                    note="step − forward+backward − update: copies and scheduling"))
+  return rows
+
+
+def _with_cpu_model(rows: list[Row]) -> list[Row]:
+  """Every row names the CPU it was measured on (the peers' ratios differ by machine)."""
+  model = _harness.device_description()["cpu_model"]
+  return [dataclasses.replace(r, note=f"{r.note}; {model}" if r.note else model)
+          for r in rows]
+
+
 def run(quick: bool = False) -> list[Row]:
+  reps = dict(warmup=1, repeats=3) if quick else dict(warmup=2, repeats=7)
   missing = missing_peers()
   if missing:
-    return [row(SUITE, "skipped", math.nan, "",
-                note=f"{', '.join(missing)} not installed: pip install -e \".[peers]\"")]
+    return _with_cpu_model(_split_rows(quick, reps) + [row(
+        SUITE, "skipped", math.nan, "",
+        note=f"{', '.join(missing)} not installed: pip install -e \".[peers]\"")])
+  return _with_cpu_model(_split_rows(quick, reps) + _peer_rows(quick, reps))
+
+
+def _peer_rows(quick: bool, reps: dict[str, int]) -> list[Row]:
   threads = os.cpu_count() or 1
-  reps = dict(warmup=1, repeats=3) if quick else dict(warmup=2, repeats=7)
   worker = _TorchWorker(threads)
   try:
     rows = [row(SUITE, "threads", threads, "",

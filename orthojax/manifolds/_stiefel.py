@@ -257,7 +257,7 @@ class Stiefel(Manifold):
   def __init__(self, retraction: str = "qr", metric: str = "euclidean",
                cayley_iterations: int | None = None, ns_steps: int = 12,
                ns_tol: float | None = None, qr_algorithm: str = "cholesky_qr2",
-               precision: linalg.Precision = None):
+               precision: str | None = None):
     if retraction not in self.RETRACTIONS:
       raise ValueError(f"Stiefel: unknown retraction={retraction!r}; choose one of {self.RETRACTIONS}")
     if metric not in self.METRICS:

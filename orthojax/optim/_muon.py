@@ -110,7 +110,7 @@ def scale_by_muon(
     adaptive: bool = False,
     preconditioning: str = "frobenius",
     bucket: str = "pad",
-    precision: linalg.Precision = None,
+    precision: str | None = None,
 ) -> optax.GradientTransformation:
   """``optax.contrib.scale_by_muon``, one batched program per bucket of matrices.
 
@@ -282,7 +282,7 @@ def muon(
     views: Any = None,
     muon_weight_dimension_numbers: Any = _FROM_VIEWS,
     bucket: str = "pad",
-    precision: linalg.Precision = None,
+    precision: str | None = None,
 ) -> optax.GradientTransformation:
   """``optax.contrib.muon`` with dimension numbers from the matrix view, bucketed.
 
@@ -355,7 +355,7 @@ def stiefel_muon(
     retraction_steps: int = 8,
     views: Any = None,
     bucket: str = "pad",
-    precision: linalg.Precision = None,
+    precision: str | None = None,
 ) -> optax.GradientTransformation:
   """Muon steps kept on the Stiefel manifold by a Newton–Schulz retraction.
 
