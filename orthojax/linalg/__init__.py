@@ -5,6 +5,8 @@ from orthojax.linalg._cayley import LowRank
 from orthojax.linalg._cayley import cayley_safe_step
 from orthojax.linalg._cayley import cayley_transform
 from orthojax.linalg._cayley import generator_matmul
+from orthojax.linalg._gram import SYMMETRIC_FROM
+from orthojax.linalg._gram import gram
 from orthojax.linalg._guard import GUARD_SCOPE
 from orthojax.linalg._guard import guarded_cond
 from orthojax.linalg._matrix_view import Layout

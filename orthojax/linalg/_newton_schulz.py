@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from orthojax.linalg._gram import SYMMETRIC_FROM, gram
 from orthojax.linalg._matrix_view import check_float
 from orthojax.linalg._matrix_view import compute_dtype
 from orthojax.linalg._precision import at_precision, check_precision
@@ -171,9 +172,22 @@ def _ns_step(x: jax.Array, abc, precision, skip_quintic: bool) -> jax.Array:
   """One step ``X ← a X + (b A + c A²) X`` with ``A = X Xᵀ`` (X wide)."""
   a, b, c = abc
   mm = functools.partial(jnp.matmul, precision=precision)
-  gram = mm(x, jnp.swapaxes(x, -1, -2))
-  poly = b * gram if skip_quintic else b * gram + c * mm(gram, gram)
+  x_gram, square = _symmetric(precision)
+  a_k = x_gram(x)                                       # A = X Xᵀ
+  poly = b * a_k if skip_quintic else b * a_k + c * square(a_k)   # A² = A Aᵀ
   return a * x + mm(poly, x)
+
+
+def _symmetric(precision):
+  """``(X ↦ X Xᵀ, A ↦ A²)`` for a symmetric ``A``: :func:`orthojax.linalg.gram`'s three
+  blocks (``A² = A Aᵀ``) from :data:`SYMMETRIC_FROM` rows on where ``precision`` is left to
+  the enclosing scope (None, or a name applied around the iteration); below, and for a
+  ``jax.lax.Precision`` passed per product, the plain products."""
+  mm = functools.partial(jnp.matmul, precision=precision)
+  blocks = lambda y: precision is None and y.shape[-2] >= SYMMETRIC_FROM
+  x_gram = lambda x: gram(x) if blocks(x) else mm(x, jnp.swapaxes(x, -1, -2))
+  square = lambda a: gram(a) if blocks(a) else mm(a, a)
+  return x_gram, square
 
 
 def _run_schedule(x, schedule, precision, skip_quintic):
@@ -208,20 +222,31 @@ def newton_schulz_multiply_adds(n: int, p: int, steps: int, *, gram: bool = Fals
   """Multiply-adds of :func:`newton_schulz`'s matrix products on one ``n × p`` matrix
   (either orientation: the iteration runs on its short side ``min(n, p)``), ``steps`` steps
   (``cubic``: no quintic term), as the standard iteration or on the Gram matrix
-  (``gram``, ``restart_every``): what decides which of the two costs less."""
+  (``gram``, ``restart_every``): what decides which of the two costs less. The symmetric
+  products ``X Xᵀ`` and ``A²`` count three of their four blocks from
+  :data:`~orthojax.linalg.SYMMETRIC_FROM` rows on (:func:`orthojax.linalg.gram`)."""
   n, p = max(n, p), min(n, p)
-  square = 0 if cubic else p ** 3                       # A² per step
+  square = 0 if cubic else _gram_multiply_adds(p, p)    # A² per step
+  x_gram = _gram_multiply_adds(p, n)                    # A = X Xᵀ
   if not gram:
-    return steps * (2 * n * p * p + square)
-  total = 2 * n * p * p                                 # A_0 = X Xᵀ and X_K = Q_K X_0
+    return steps * (x_gram + n * p * p + square)
+  total = x_gram + n * p * p                            # A_0 = X Xᵀ and X_K = Q_K X_0
   for k in range(steps):
     fresh = k == 0 or bool(restart_every and k % restart_every == 0)
     if fresh and k:
-      total += 2 * n * p * p                            # X_k = Q_k X_0 and its Gram anew
+      total += n * p * p + x_gram                       # X_k = Q_k X_0 and its Gram anew
     total += square + (0 if fresh else p ** 3)          # A², then P Q (Q = P when fresh)
     if k + 1 < steps:
       total += 2 * p ** 3                               # A_{k+1} = P A P
   return total
+
+
+def _gram_multiply_adds(m: int, n: int) -> int:
+  """Multiply-adds of :func:`orthojax.linalg.gram` of an ``m × n`` matrix."""
+  if m < SYMMETRIC_FROM:
+    return m * m * n
+  top, bottom = m // 2, m - m // 2
+  return (top * top + top * bottom + bottom * bottom) * n
 
 
 def _run_gram(x, schedule, precision, skip_quintic, restart_every):
@@ -230,13 +255,14 @@ def _run_gram(x, schedule, precision, skip_quintic, restart_every):
   ``gram=True``)."""
   mm = functools.partial(jnp.matmul, precision=precision)
   t = lambda y: jnp.swapaxes(y, -1, -2)
+  x_gram, square = _symmetric(precision)
   eye = jnp.eye(x.shape[-2], dtype=x.dtype)
-  gram, q = mm(x, t(x)), None
+  gram, q = x_gram(x), None
   for k, (a, b, c) in enumerate(schedule):
     if restart_every and k and k % restart_every == 0:   # X_k = Q_k X_0 and its Gram anew
       x, q = mm(q, x), None
-      gram = mm(x, t(x))
-    poly = b * gram if skip_quintic else b * gram + c * mm(gram, gram)
+      gram = x_gram(x)
+    poly = b * gram if skip_quintic else b * gram + c * square(gram)
     poly = poly + a * eye                                   # P_k = a I + b A_k + c A_k²
     q = poly if q is None else mm(poly, q)                  # Q_{k+1} = P_k Q_k
     if k + 1 < len(schedule):

@@ -276,13 +276,28 @@ def test_the_cost_model_counts_the_traced_products(n, p, coeffs, steps, gram, re
 @pytest.mark.parametrize("n, p", [(4608, 512), (512, 512)])
 def test_gram_iteration_costs_what_its_docstring_says(n, p):
   """``2 n p² + (4K − 3) p³`` multiply-adds against the standard ``K (2 n p² + p³)``
-  (K = 5 quintic steps): 2.7x fewer on a 3 x 3 x 512 x 512 conv kernel, more on a square."""
+  (K = 5 quintic steps): 2.7x fewer on a 3 x 3 x 512 x 512 conv kernel, more on a square.
+  At p = 512 the symmetric products ``X Xᵀ`` and ``A²`` take three of their four blocks
+  (``orthojax.linalg.gram``): ``7/4 n p² + (15/4 K − 3) p³`` against
+  ``K (7/4 n p² + 3/4 p³)``."""
+  assert p >= linalg.SYMMETRIC_FROM
   x = jnp.ones((n, p), jnp.float32)
   standard = _dot_flops(lambda y: linalg.newton_schulz(y, 5), x)
   gram = _dot_flops(lambda y: linalg.newton_schulz(y, 5, gram=True), x)
-  assert standard == 5 * (2 * n * p * p + p ** 3)
-  assert gram == 2 * n * p * p + (4 * 5 - 3) * p ** 3
+  assert 4 * standard == 5 * (7 * n * p * p + 3 * p ** 3)
+  assert 4 * gram == 7 * n * p * p + (15 * 5 - 12) * p ** 3
   assert (gram < standard) == (n >= 2 * p)
+
+
+@pytest.mark.parametrize("shape", [(512, 96), (2, 600, 40), (1023, 8)])
+def test_the_gram_from_three_blocks_is_the_product(shape):
+  x = jax.random.normal(jax.random.key(0), shape)
+  got = jax.jit(linalg.gram)(x)
+  want = np.einsum("...ik,...jk->...ij", np.asarray(x, np.float64), np.asarray(x, np.float64))
+  np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+  np.testing.assert_array_equal(got, np.swapaxes(got, -1, -2))   # exactly symmetric
+  batch = int(np.prod(shape[:-2]))
+  assert _dot_flops(linalg.gram, x) < batch * shape[-2] ** 2 * shape[-1]   # three blocks
 
 
 def test_restart_needs_the_gram_iteration():
