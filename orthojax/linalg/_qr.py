@@ -83,7 +83,6 @@ def _householder_tall(x: jax.Array) -> jax.Array:
 
 
 _q_factor = per_matrix_on_cpu(lambda x: jnp.linalg.qr(x, mode="reduced")[0])
-_cholesky = per_matrix_on_cpu(jnp.linalg.cholesky)
 
 
 def _gram(x: jax.Array) -> jax.Array:
@@ -91,14 +90,15 @@ def _gram(x: jax.Array) -> jax.Array:
   return gram(jnp.swapaxes(x, -1, -2))   # three blocks from 512 columns
 
 
-def _solve_upper(x: jax.Array, lower: jax.Array) -> jax.Array:
-  """``x R⁻¹`` for ``R = Lᵀ`` (``lower`` is ``L``)."""
-  return _triangular_solve(lower, x)
+def _cholesky_pass(x: jax.Array, gram: jax.Array) -> jax.Array:
+  """``x R⁻¹`` for ``gram = xᵀx = RᵀR``: the Cholesky factor and the triangular solve in
+  one per-matrix call on CPU (one loop, not two, for the compiler to build)."""
+  return _factor_and_solve(gram, x)
 
 
-_triangular_solve = per_matrix_on_cpu(
-    lambda lower, x: jax.lax.linalg.triangular_solve(lower, x, left_side=False, lower=True,
-                                                     transpose_a=True))
+_factor_and_solve = per_matrix_on_cpu(
+    lambda gram, x: jax.lax.linalg.triangular_solve(
+        jnp.linalg.cholesky(gram), x, left_side=False, lower=True, transpose_a=True))
 
 
 _PROBES = 8   # probe vectors of cholesky_qr2's one-pass test
@@ -174,13 +174,13 @@ def cholesky_qr2(x: jax.Array, *, tolerance: float = 0.5,
     Array of ``x``'s shape and dtype.
   """
   def tall(x):
-    q1 = _solve_upper(x, _cholesky(_gram(x)))
+    q1 = _cholesky_pass(x, _gram(x))
     p = q1.shape[-1]
 
     def second_pass():
       gram = _gram(q1)
       error = jnp.linalg.norm(gram - jnp.eye(p, dtype=gram.dtype), axis=(-2, -1))
-      q = _solve_upper(q1, _cholesky(gram))
+      q = _cholesky_pass(q1, gram)
       accurate = jnp.all(jnp.isfinite(error) & (error <= tolerance)) & jnp.all(jnp.isfinite(q))
       return guarded_cond(accurate, lambda: q, lambda: _householder_tall(x))
 
