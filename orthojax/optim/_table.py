@@ -28,6 +28,7 @@ from orthojax.optim import _cayley
 from orthojax.optim import _fused
 from orthojax.optim import _fused_momentum
 from orthojax.optim import _landing
+from orthojax.optim import _manifold_muon
 from orthojax.optim import _muon
 from orthojax.optim._keeps import keeps_manifold
 
@@ -71,6 +72,7 @@ OPTIMIZER_TABLE: tuple[OptimizerEntry, ...] = (
     OptimizerEntry("landing", _landing.landing, _STIEFEL),
     OptimizerEntry("muon", _muon.muon, _STIEFEL),
     OptimizerEntry("stiefel_muon", _muon.stiefel_muon, _STIEFEL),
+    OptimizerEntry("manifold_muon", _manifold_muon.manifold_muon, _STIEFEL),
     OptimizerEntry("fused_stiefel_adam", _fused.fused_stiefel_adam, _STIEFEL),
     OptimizerEntry("fused_stiefel_momentum", _fused_momentum.fused_stiefel_momentum, _STIEFEL),
 )
@@ -92,5 +94,6 @@ cayley_adam = _BY_NAME["cayley_adam"].constructor
 landing = _BY_NAME["landing"].constructor
 muon = _BY_NAME["muon"].constructor
 stiefel_muon = _BY_NAME["stiefel_muon"].constructor
+manifold_muon = _BY_NAME["manifold_muon"].constructor
 fused_stiefel_adam = _BY_NAME["fused_stiefel_adam"].constructor
 fused_stiefel_momentum = _BY_NAME["fused_stiefel_momentum"].constructor

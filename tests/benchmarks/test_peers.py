@@ -1,4 +1,5 @@
-"""The peers suite without the peers installed (as in CI): one row saying why."""
+"""The peers suite without the peers installed (as in CI): orthojax's split of its whole
+step, and one row saying why the rest is skipped; every row names the CPU."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 
 import pytest
 
+from benchmarks import _harness
 from benchmarks import peers_bench
 
 
@@ -14,9 +16,15 @@ def test_without_the_peers_the_suite_says_it_is_skipped_and_why(monkeypatch):
   real = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, "find_spec",
                       lambda name, *a: None if name in peers_bench.PEERS else real(name, *a))
-  (only,) = peers_bench.run(quick=True)
+  *split, only = peers_bench.run(quick=True)
   assert only.case == "skipped" and math.isnan(only.value) and only.status == "report-only"
-  assert only.note == 'torch, geoopt, geotorch not installed: pip install -e ".[peers]"'
+  assert only.note.startswith('torch, geoopt, geotorch not installed: pip install -e ".[peers]"')
+  model = _harness.device_description()["cpu_model"]
+  assert all(r.note.endswith(model) for r in [*split, only])
+  parts = {r.case.rsplit(": ", 1)[1]: r.value for r in split if "radam_qr" in r.case}
+  assert set(parts) == {"forward+backward", "update", "step", "the rest"}
+  assert parts["the rest"] == pytest.approx(
+      parts["step"] - parts["forward+backward"] - parts["update"])
 
 
 @pytest.mark.skipif(bool(peers_bench.missing_peers()), reason="the peers extra is not installed")

@@ -489,6 +489,7 @@ _INJECTED = {
     "landing": ({}, ()),
     "muon": ({}, ()),
     "stiefel_muon": ({}, ("retraction_steps",)),
+    "manifold_muon": ({}, ("steps",)),
     "fused_stiefel_adam": ({"manifold": oj.manifolds.Stiefel()}, ()),
     "fused_stiefel_momentum": ({"manifold": oj.manifolds.Stiefel()}, ()),
 }
@@ -545,8 +546,9 @@ def test_an_injected_loop_count_is_one_line(name, argument):
     lambda: oj.optim.landing(0.1),
     lambda: oj.optim.projected_gradient(0.1),
     lambda: oj.optim.stiefel_muon(0.1),
+    lambda: oj.optim.manifold_muon(0.1),
 ], ids=["rsgd", "rsgd-momentum", "radam", "cayley_sgd", "cayley_adam", "landing",
-        "projected_gradient", "stiefel_muon"])
+        "projected_gradient", "stiefel_muon", "manifold_muon"])
 def test_optimizer_errors_name_the_leaf(make):
   tx = make()
   update = jax.jit(tx.update)  # the errors are raised while tracing

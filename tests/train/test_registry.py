@@ -38,6 +38,9 @@ NOT_IN_A_REGISTRY = {
     "muon_dimension_numbers": "a helper, not an optimizer",
     "to_muon": "a helper, not an optimizer",
     "add_orthogonality_penalty": "the penalty section (registry.PENALTIES)",
+    "scale_by_manifold_muon": "building block of a chain (manifold_muon)",
+    "manifold_muon_direction": "the direction of one matrix, not an optimizer",
+    "msign": "a matrix function, not an optimizer",
 }
 TRAINER_OWNED = ("rngs",)
 

@@ -1,0 +1,123 @@
+"""Manifold Muon's direction: tangent, in the spectral unit ball, at least as steep as
+``stiefel_muon``'s made tangent, the square closed form, the dual iteration's convergence;
+and the optimizer: on the manifold, bucketed = per leaf."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import orthojax as oj
+from orthojax.manifolds import Stiefel
+from orthojax.optim._manifold_muon import manifold_muon_direction
+
+SHAPES = {"tall": (96, 24), "tall batched": (3, 64, 16), "near square": (48, 40),
+          "square": (32, 32), "square batched": (2, 24, 24)}
+
+
+def _problem(shape, seed=0):
+  kw, kg = jax.random.split(jax.random.key(seed))
+  view = oj.linalg.MatrixView.stacked() if len(shape) == 3 else None
+  return Stiefel().random(kw, shape, view=view), jax.random.normal(kg, shape)
+
+
+def _direction(w, g, **kw):
+  return jax.jit(lambda w, g: manifold_muon_direction(w, g, **kw))(w, g)
+
+
+def _t(x):
+  return jnp.swapaxes(x, -1, -2)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_the_direction_is_tangent_and_in_the_spectral_unit_ball(shape):
+  w, g = _problem(SHAPES[shape])
+  a = _direction(w, g)
+  residual = _t(w) @ a + _t(a) @ w
+  assert float(jnp.max(jnp.abs(residual))) < 1e-4
+  spectral = np.linalg.svd(np.asarray(a, np.float64), compute_uv=False).max()
+  assert spectral <= 1 + 1e-5
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_it_descends_at_least_as_steeply_as_stiefel_muons_direction_made_tangent(shape):
+  """``⟨G, −A'⟩`` no larger than that of Muon's direction ``msign(G)`` projected onto the
+  tangent space and scaled to spectral norm 1 (both feasible; manifold Muon's optimal)."""
+  w, g = _problem(SHAPES[shape], seed=1)
+  ours = -_direction(w, g)
+  theirs = Stiefel().project(w, -oj.linalg.polar(g), view=oj.linalg.MatrixView.stacked()
+                             if g.ndim == 3 else None)
+  theirs = theirs / np.linalg.svd(np.asarray(theirs), compute_uv=False).max(-1)[..., None, None]
+  inner = lambda a: np.sum(np.asarray(g, np.float64) * np.asarray(a, np.float64),
+                           axis=(-2, -1))
+  assert np.all(inner(ours) <= inner(theirs) + 1e-4), (inner(ours), inner(theirs))
+  assert np.all(inner(ours) < inner(theirs) - 1e-3)   # strictly steeper on these
+
+
+@pytest.mark.parametrize("n", [8, 32])
+def test_square_closed_form_for_a_tangent_gradient(n):
+  """``G = WΩ`` (``Ω`` skew): the direction is ``W msign(Ω)``, from an independent SVD."""
+  kw, ko = jax.random.split(jax.random.key(2))
+  w = Stiefel().random(kw, (n, n))
+  omega = oj.linalg.skew(jax.random.normal(ko, (n, n)))
+  u, _, vt = np.linalg.svd(np.asarray(omega, np.float64))
+  want = np.asarray(w, np.float64) @ (u @ vt)
+  np.testing.assert_allclose(_direction(w, w @ omega), want, atol=2e-5)
+
+
+@pytest.mark.parametrize("shape", ["tall", "near square", "tall batched"])
+def test_admm_converges_to_a_long_solve(shape):
+  """The default's objective within 1e-3 (relative) of 2,000 iterations'; 3 are worse."""
+  w, g = _problem(SHAPES[shape], seed=3)
+  value = lambda a: float(jnp.sum(g * a))
+  long = value(_direction(w, g, steps=2000))
+  assert abs(value(_direction(w, g)) - long) <= 1e-3 * abs(long)
+  assert abs(value(_direction(w, g, steps=3)) - long) > 1e-3 * abs(long)
+
+
+def test_the_dual_ascent_agrees_with_admm_where_it_converges():
+  """The paper's dual ascent on a tall-thin matrix: tangent to 1e-5 after 30 iterations,
+  and the same direction as ADMM's."""
+  w, g = _problem(SHAPES["tall"], seed=4)
+  dual = _direction(w, g, solver="dual", steps=30)
+  assert float(jnp.max(jnp.abs(_t(w) @ dual + _t(dual) @ w))) < 1e-5
+  np.testing.assert_allclose(dual, _direction(w, g, steps=300), atol=2e-3)
+  np.testing.assert_allclose(_direction(w, g, solver="dual", steps=30, msign_steps=10), dual,
+                             atol=5e-3)
+
+
+def _params():
+  keys = jax.random.split(jax.random.key(5), 3)
+  return {"a": Stiefel().random(keys[0], (64, 16)),
+          "b": Stiefel().random(keys[1], (64, 16)),
+          "c": Stiefel().random(keys[2], (3, 3, 4, 8))}
+
+
+def _run(tx, params, steps=20):
+  state = tx.init(params)
+  for i in range(steps):
+    g = jax.tree.map(lambda p, k: jax.random.normal(k, p.shape), params,
+                     dict(zip(params, jax.random.split(jax.random.key(i), 3))))
+    u, state = jax.jit(tx.update)(g, state, params)
+    params = optax.apply_updates(params, u)
+  return params
+
+
+def test_the_optimizer_keeps_the_manifold_and_buckets_equal_per_leaf():
+  params = _params()
+  pad = _run(oj.optim.manifold_muon(0.05), params)
+  leaf = _run(oj.optim.manifold_muon(0.05, bucket="per_leaf"), params)
+  for k in params:
+    assert float(jnp.max(Stiefel().defect(pad[k]))) < 1e-5
+    np.testing.assert_allclose(pad[k], leaf[k], atol=2e-5)
+  assert oj.optim.keeps_manifold(oj.optim.manifold_muon(0.05))
+
+
+def test_bad_arguments_are_one_line():
+  with pytest.raises(ValueError, match="^manifold_muon: .*beta"):
+    oj.optim.manifold_muon(0.1, beta=1.5)
+  with pytest.raises(ValueError, match="^manifold_muon: solver='newton' is not a solver"):
+    oj.optim.manifold_muon(0.1, solver="newton")
