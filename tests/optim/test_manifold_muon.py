@@ -121,3 +121,9 @@ def test_bad_arguments_are_one_line():
     oj.optim.manifold_muon(0.1, beta=1.5)
   with pytest.raises(ValueError, match="^manifold_muon: solver='newton' is not a solver"):
     oj.optim.manifold_muon(0.1, solver="newton")
+
+
+def test_it_is_chosen_from_the_config_for_the_stiefel_group():
+  from orthojax.train import registry
+  assert registry.OPTIMIZERS["manifold_muon"] is oj.optim.manifold_muon
+  assert "manifold_muon" in registry.MANIFOLD_OPTIMIZERS

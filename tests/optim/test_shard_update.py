@@ -40,6 +40,7 @@ OPTIMIZERS = {
     "projected_gradient": lambda: oj.optim.projected_gradient(optax.adam(1e-2), views=VIEWS),
     "muon": lambda: oj.optim.muon(1e-2, views=VIEWS),
     "stiefel_muon": lambda: oj.optim.stiefel_muon(1e-2, views=VIEWS),
+    "manifold_muon": lambda: oj.optim.manifold_muon(1e-2, steps=20, views=VIEWS),
 }
 
 
