@@ -98,11 +98,16 @@ def at_precision(fn: Callable[..., Any], precision: Precision = "highest", *,
     cpu = functools.partial(_emulated if table["cpu"] != "highest" else _native,
                             fn, table["cpu"])
     accelerator = functools.partial(_native, fn, table["default"])
-    if table["cpu"] == table["default"] == "highest":
-      return accelerator(*args)
+    if table["cpu"] == table["default"] == "highest" or _wider_than_float32(args):
+      return _native(fn, "highest", *args)   # float64 stays float64 (the presets cast it)
     return jax.lax.platform_dependent(*args, cpu=cpu, default=accelerator)
 
   return run
+
+
+def _wider_than_float32(args) -> bool:
+  return any(jnp.issubdtype(jnp.result_type(x), jnp.floating)
+             and jnp.finfo(jnp.result_type(x)).bits > 32 for x in jax.tree.leaves(args))
 
 
 def reduced(precision: Precision, *, default: Mapping[str, str] = MANIFOLD_PRECISION

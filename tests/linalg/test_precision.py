@@ -109,3 +109,12 @@ def test_a_bad_precision_is_one_line_naming_the_argument(bad):
   with pytest.raises(ValueError, match=r"^Stiefel: precision=.* is not a precision; use one of"):
     from orthojax.manifolds import Stiefel
     Stiefel(precision=bad)
+
+
+def test_float64_keeps_float64_products_on_every_backend():
+  """The presets would cast float64 operands to float32 on a GPU: float64 stays HIGHEST."""
+  with jax.enable_x64(True):
+    a = jnp.ones((8, 8), jnp.float64)
+    text = jax.export.export(jax.jit(linalg.at_precision(jnp.matmul, "bf16x3")),
+                             platforms=["cuda"])(a, a).mlir_module()
+    assert "algorithm" not in text and "tensor<8x8xf64>" in text
