@@ -24,9 +24,10 @@ not depend on the gradient's scale. ``msign(M) = U Vᵀ`` for ``M = U Σ Vᵀ``:
 That subgradient iteration converges slowly where ``p`` is close to ``n`` (a 48 × 40
 matrix: a residual ``‖WᵀA' + A'ᵀW‖_max`` of 1e-2 after 300 iterations at the best ``α``,
 against 2e-7 after 30 for 96 × 24). The default solver is therefore ADMM on the split
-``A = B``, ``A`` tangent and ``B`` in the spectral unit ball (Buchanan's variant of the
-paper's problem; Boyd et al., "Distributed optimization and statistical learning via the
-alternating direction method of multipliers", 2011, §5):
+``A = B``, ``A`` tangent and ``B`` in the spectral unit ball (Buchanan proposed ADMM for
+this problem; the splitting here is the textbook one of Boyd et al., "Distributed
+optimization and statistical learning via the alternating direction method of
+multipliers", 2011, §5, not a copy of his):
 
     A_{k+1} = P_W(B_k − U_k − G/ρ),   B_{k+1} = clip₁(A_{k+1} + U_k),   U_{k+1} = U_k + A_{k+1} − B_{k+1}
 
