@@ -56,6 +56,7 @@ from orthojax.optim._table import stiefel_muon
 from orthojax.optim._table import manifold_muon
 from orthojax.optim._manifold_muon import manifold_muon_direction
 from orthojax.optim._manifold_muon import msign
+from orthojax.optim._manifold_muon import clip_spectral
 from orthojax.optim._manifold_muon import scale_by_manifold_muon
 from orthojax.optim.execution import MatrixLeaf
 from orthojax.optim.execution import Piece

@@ -127,3 +127,14 @@ def test_it_is_chosen_from_the_config_for_the_stiefel_group():
   from orthojax.train import registry
   assert registry.OPTIMIZERS["manifold_muon"] is oj.optim.manifold_muon
   assert "manifold_muon" in registry.MANIFOLD_OPTIMIZERS
+
+
+@pytest.mark.parametrize("shape", [(64, 32), (2, 40, 40)])
+def test_the_spectral_ball_projection_from_products_equals_the_svds(shape):
+  x = 0.2 * jax.random.normal(jax.random.key(6), shape)
+  exact = oj.optim.clip_spectral(x)
+  assert np.linalg.svd(np.asarray(exact), compute_uv=False).max() <= 1 + 1e-5
+  assert np.linalg.svd(np.asarray(x), compute_uv=False).max() > 1.05   # something clipped
+  np.testing.assert_allclose(oj.optim.clip_spectral(x, 8), exact, atol=2e-5)
+  w, g = _problem(SHAPES["near square"], seed=7)
+  np.testing.assert_allclose(_direction(w, g, msign_steps=8), _direction(w, g), atol=1e-3)

@@ -41,6 +41,7 @@ NOT_IN_A_REGISTRY = {
     "scale_by_manifold_muon": "building block of a chain (manifold_muon)",
     "manifold_muon_direction": "the direction of one matrix, not an optimizer",
     "msign": "a matrix function, not an optimizer",
+    "clip_spectral": "a matrix function, not an optimizer",
 }
 TRAINER_OWNED = ("rngs",)
 
