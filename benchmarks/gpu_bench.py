@@ -45,6 +45,8 @@ from benchmarks._harness import Target
 from benchmarks._harness import ratio
 from benchmarks._harness import row
 from benchmarks._harness import time_fns
+from benchmarks.precision_bench import defect_after
+from benchmarks.precision_bench import resnet_kernels
 from benchmarks.resnet_optim_bench import _train_step
 from benchmarks.resnet_optim_bench import optimizers as resnet_optimizers
 from orthojax import models
@@ -71,16 +73,6 @@ def _compiled(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
   return compiled, time.perf_counter() - start
 
 
-def _conv_kernels(depth: int) -> dict[str, jax.Array]:
-  """A ResNet's conv kernels, each a random point of the Stiefel manifold."""
-  model = models.ResNet(depth, "bn", num_classes=1000, rngs=nnx.Rngs(0))
-  shapes = [x.shape for x in jax.tree.leaves(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-            if x.ndim == 4]
-  keys = jax.random.split(jax.random.key(0), len(shapes))
-  return {f"conv{i:02d}": oj.manifolds.Stiefel().random(k, s)
-          for i, (k, s) in enumerate(zip(keys, shapes))}
-
-
 def update_optimizers() -> dict[str, optax.GradientTransformation]:
   """The update-alone rows' optimizers, each at each precision it is offered at."""
   txs = {}
@@ -99,7 +91,7 @@ def update_optimizers() -> dict[str, optax.GradientTransformation]:
 
 def _update_rows(rows: list[Row], quick: bool) -> None:
   depth, steps = (18, 20) if quick else (50, 1000)
-  params = _conv_kernels(depth)
+  params = resnet_kernels(depth)
   grads = jax.tree.map(lambda p: 0.01 * jnp.ones_like(p), params)
   config = f"ResNet-{depth}'s {len(params)} conv kernels"
   for name, tx in update_optimizers().items():
@@ -116,23 +108,10 @@ def _update_rows(rows: list[Row], quick: bool) -> None:
 def _defect_row(name: str, tx: optax.GradientTransformation, params: dict[str, jax.Array],
                 steps: int, config: str) -> Row:
   """The largest ``‖WᵀW − I‖_F`` after ``steps`` updates on random gradients (one scan)."""
-
-  def run(params):
-    def body(carry, key):
-      p, s = carry
-      g = jax.tree.map(lambda x, k: 0.01 * jax.random.normal(k, x.shape),
-                       p, dict(zip(p, jax.random.split(key, len(p)))))
-      u, s = tx.update(g, s, p)
-      return (optax.apply_updates(p, u), s), None
-
-    keys = jax.random.split(jax.random.key(1), steps)
-    (p, _), _ = jax.lax.scan(body, (params, tx.init(params)), keys)
-    return jnp.max(jnp.stack([jnp.max(oj.manifolds.Stiefel().defect(x)) for x in p.values()]))
-
-  compiled, seconds = _compiled(run, params)
-  defect = float(compiled(params))
-  return row(SUITE, f"{name} defect after {steps} steps, {config}", defect, "", DEFECT,
-             f"float32; the scanned program compiled in {seconds:.1f} s")
+  start = time.perf_counter()
+  defect = defect_after(tx, params, steps)
+  return row(SUITE, f"{name} defect after {steps} steps, {config}", defect(), "", DEFECT,
+             f"float32; compiled and run in {time.perf_counter() - start:.1f} s")
 
 
 def _step_rows(rows: list[Row], quick: bool) -> None:

@@ -190,7 +190,8 @@ def _orthojax_step(tx: optax.GradientTransformation, w, g) -> Callable[[], Any]:
   return run
 
 
-def _orthojax_train_step(tx_hidden, x, y, hidden, head) -> Callable[[], Any]:
+def _mlp_problem(tx_hidden, x, y, hidden, head):
+  """``(params, tx, loss)`` of the tanh MLP: ``tx_hidden`` on the stack, Adam on the head."""
   params = {"hidden": jnp.asarray(hidden), "head": jnp.asarray(head)}
   tx = optax.partition({"hidden": tx_hidden, "head": optax.adam(LR)},
                        {"hidden": "hidden", "head": "head"})
@@ -199,6 +200,12 @@ def _orthojax_train_step(tx_hidden, x, y, hidden, head) -> Callable[[], Any]:
   def loss(p):
     h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, p["hidden"])
     return optax.softmax_cross_entropy_with_integer_labels(h @ p["head"], y).mean()
+
+  return params, tx, loss
+
+
+def _orthojax_train_step(tx_hidden, x, y, hidden, head) -> Callable[[], Any]:
+  params, tx, loss = _mlp_problem(tx_hidden, x, y, hidden, head)
 
   @jax.jit
   def step(p, state):
@@ -275,15 +282,7 @@ def _split_parts(tx_hidden, x, y, hidden, head) -> dict[str, Callable[[], Any]]:
   """orthojax's whole training step and its parts, each its own compiled program on the
   same arrays: forward and backward (``jax.grad``), the update given those gradients, and
   the step; what the step costs beyond the two is the copies and scheduling between them."""
-  params = {"hidden": jnp.asarray(hidden), "head": jnp.asarray(head)}
-  tx = optax.partition({"hidden": tx_hidden, "head": optax.adam(LR)},
-                       {"hidden": "hidden", "head": "head"})
-  x, y = jnp.asarray(x), jnp.asarray(y)
-
-  def loss(p):
-    h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, p["hidden"])
-    return optax.softmax_cross_entropy_with_integer_labels(h @ p["head"], y).mean()
-
+  params, tx, loss = _mlp_problem(tx_hidden, x, y, hidden, head)
   grad = jax.jit(jax.grad(loss))
   update = jax.jit(lambda g, state, p: optax.apply_updates(p, tx.update(g, state, p)[0]))
   step = jax.jit(lambda p, state: optax.apply_updates(p, tx.update(jax.grad(loss)(p), state,

@@ -25,13 +25,12 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
 
 import orthojax as oj
 from benchmarks._harness import Row
 from benchmarks._harness import Target
 from benchmarks._harness import row
-from orthojax import models
+from benchmarks.retraction_bench import resnet_conv_kernels
 
 SUITE = "precision"
 HELD = Target("<=", 1e-5)
@@ -51,12 +50,7 @@ def optimizers(precision: str, views: Any = None) -> dict[str, optax.GradientTra
 
 def resnet_kernels(depth: int) -> dict[str, jax.Array]:
   """A ResNet's conv kernels, each a random point of the Stiefel manifold."""
-  model = models.ResNet(depth, "bn", num_classes=1000, rngs=nnx.Rngs(0))
-  shapes = [x.shape for x in jax.tree.leaves(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-            if x.ndim == 4]
-  keys = jax.random.split(jax.random.key(0), len(shapes))
-  return {f"conv{i:02d}": oj.manifolds.Stiefel().random(k, s)
-          for i, (k, s) in enumerate(zip(keys, shapes))}
+  return resnet_conv_kernels(depth, jax.random.key(0))
 
 
 def e5_stack(depth: int) -> tuple[dict[str, jax.Array], dict[str, Any]]:
