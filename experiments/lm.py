@@ -30,7 +30,25 @@ arms (``--arms``), each on the same model, data order and token budget:
   :func:`orthojax.optim.stiefel_muon` (Muon's step, then a Newton–Schulz retraction), the
   rest by AdamW at the ``adamw`` arm's rate;
 * ``adamw_so`` — AdamW with a soft-orthogonality penalty ``λ‖WᵀW − I‖²_F`` on the hidden
-  matrices (``--so_strength``; Bansal et al. 2018).
+  matrices (``--so_strength``; Bansal et al. 2018);
+* ``manifold_muon`` — every hidden matrix on the Stiefel manifold with a learned scale per
+  output, ``V`` trained by :func:`orthojax.optim.manifold_muon` (steepest descent under the
+  spectral norm *within* the tangent space, Bernstein 2025), the rest by AdamW;
+* ``stiefel_attention`` — Q, K, V and the attention output on the Stiefel manifold
+  (:func:`~orthojax.optim.manifold_muon`), the MLP's matrices on Muon: the assignment
+  Yoshihara (arXiv 2606.13276) found best on GPT-2 small;
+* ``stiefel_mlp`` — the reverse, the MLP constrained and attention on Muon: an assignment
+  that leaves attention unconstrained, which Yoshihara found unstable.
+
+The constrained arms' AdamW group holds their scales (the matrices' magnitudes), so the
+probe tunes it for them as well, after the constrained group's rate; the
+``stiefel_attention`` / ``stiefel_mlp`` arms' Muon group takes the ``muon`` arm's rate.
+
+Every run records, at every evaluation, the largest pre-softmax attention logit of each
+layer (:meth:`~orthojax.models.TransformerLM.attention_logit_max`, on a fixed batch of
+validation windows) and, at the end, each layer's ``‖W_q W_kᵀ‖₂``
+(:meth:`~orthojax.models.TransformerLM.query_key_norms`): the growth Kimi K2's QK-clip
+caps and Yoshihara saw in unconstrained attention.
 
 Stages (``--stages``, default ``train``):
 
@@ -72,13 +90,18 @@ import numpy as np
 from experiments import _harness
 from experiments.configs.lm import PRESETS
 from orthojax import analysis
+from orthojax.train import data as data_lib
 from orthojax.train import metrics as metrics_lib
 from orthojax.train.config import ConfigError
 
-ARMS = ("adamw", "muon", "stiefel_muon", "muon_polar_express", "adamw_so")
+ARMS = ("adamw", "muon", "stiefel_muon", "muon_polar_express", "adamw_so", "manifold_muon",
+        "stiefel_attention", "stiefel_mlp")
+CONSTRAINED = {"stiefel_muon": ("all",), "manifold_muon": ("all",),
+               "stiefel_attention": ("attention",), "stiefel_mlp": ("mlp",)}
+"""The arms with Stiefel-constrained matrices, and which (``TransformerLM(stiefel=...)``)."""
 STAGES = ("probe", "train")
 DEFAULT_STAGES = ("train",)
-DEFAULT_RATES = {"muon": 0.02, "stiefel": 0.02}
+DEFAULT_RATES = {"muon": 0.02, "stiefel": 0.02, "manifold": 0.02}
 """Untuned rates of the Muon and Stiefel groups without a probe (Keller Jordan's 0.02)."""
 CLAIM = 2 / 3
 """The notes' "a third less training": an arm's tokens over AdamW's."""
@@ -91,6 +114,9 @@ PUBLISHED = (
 """The published tuned comparisons as ratios of tokens (arm / AdamW)."""
 ADAMW = {"name": "adamw", "b1": 0.9, "b2": 0.95, "weight_decay": 0.0}
 MUON = {"name": "muon", "beta": 0.95, "nesterov": True, "ns_steps": 5, "adam_b2": 0.95}
+MANIFOLD_MUON = {"name": "manifold_muon", "beta": 0.95, "nesterov": True}
+LOGIT_WINDOWS = 32
+"""Validation windows of the fixed batch the attention logits are measured on."""
 
 _harness.define_flags("lm.py")
 _ARMS = _harness.define_list("arms", ARMS, f"Optimizer arms: {', '.join(ARMS)}.",
@@ -109,6 +135,11 @@ _GRIDS = {
     "stiefel": _harness.define_list("probe_rates_stiefel", (5e-3, 1e-2, 2e-2, 4e-2, 8e-2),
                                     "stiefel_muon rates the probe tries.", kind=float,
                                     check=lambda r: r > 0, requirement="must be > 0"),
+    "manifold": _harness.define_list("probe_rates_manifold", (5e-3, 1e-2, 2e-2, 4e-2, 8e-2),
+                                     "manifold_muon rates the probe tries (the constrained "
+                                     "matrices of the manifold_muon, stiefel_attention and "
+                                     "stiefel_mlp arms).", kind=float,
+                                     check=lambda r: r > 0, requirement="must be > 0"),
 }
 _SO = flags.DEFINE_float("so_strength", 1e-3, "λ of the adamw_so arm's penalty.",
                          lower_bound=0.0)
@@ -118,7 +149,8 @@ _harness.define_include_flag()   # --include_workdirs
 
 # Keys the experiment sets per run (why), so an override of one would have no effect.
 PER_RUN_KEYS = {
-    "model.stiefel": "the stiefel_muon arm (--arms)",
+    "model.stiefel": "the constrained arms (--arms)",
+    "hooks.every_steps": "the attention-logit record, at every evaluation",
     "penalty": "the adamw_so arm (--arms, --so_strength)",
     "final_eval_splits": "validation and test",
     "data.eval_split": "test in the train stage, validation in the probe",
@@ -129,14 +161,26 @@ PER_RUN_KEYS = {
 # --------------------------------------------------------------------- Arms --
 
 RATE_GROUPS = {"adamw": "AdamW's learning_rate", "muon": "Muon's learning_rate",
-               "stiefel": "stiefel_muon's learning_rate"}
-"""The rates a cell holds: AdamW's (every AdamW group), Muon's, stiefel_muon's."""
+               "stiefel": "stiefel_muon's learning_rate",
+               "manifold": "manifold_muon's learning_rate"}
+"""The rates a cell holds: AdamW's (every AdamW group), Muon's, stiefel_muon's,
+manifold_muon's."""
 
 
 def probed_groups(arm: str) -> tuple[str, ...]:
-  """The rate groups the probe tunes for ``arm`` (the others take the ``adamw`` cell's)."""
+  """The rate groups the probe tunes for ``arm``, in order (the others take the ``adamw``
+  cell's rate, and the ``muon`` cell's for a Muon group): a constrained arm's own group,
+  then its AdamW group, which holds the scales."""
   return {"muon": ("muon",), "muon_polar_express": ("muon",),
-          "stiefel_muon": ("stiefel",)}.get(arm, ("adamw",))
+          "stiefel_muon": ("stiefel", "adamw"), "manifold_muon": ("manifold", "adamw"),
+          "stiefel_attention": ("manifold", "adamw"),
+          "stiefel_mlp": ("manifold", "adamw")}.get(arm, ("adamw",))
+
+
+def depends_on(arm: str) -> tuple[str, ...]:
+  """The arms whose probed rates ``arm``'s probe starts from."""
+  return {"adamw": (), "stiefel_attention": ("adamw", "muon"),
+          "stiefel_mlp": ("adamw", "muon")}.get(arm, ("adamw",))
 
 
 def arm_config(base, arm: str, rates: dict[str, float], so_strength: float = 1e-3):
@@ -144,15 +188,19 @@ def arm_config(base, arm: str, rates: dict[str, float], so_strength: float = 1e-
   has the group): its model, optimizer groups and penalty (``adamw_so``: λ =
   ``so_strength``)."""
   adamw = {**ADAMW, "learning_rate": rates["adamw"]}
-  model = {**base.model, "stiefel": ("all",) if arm == "stiefel_muon" else ()}
+  muon = {**MUON, "learning_rate": rates["muon"], "adam_learning_rate": rates["adamw"]}
+  manifold_muon = {**MANIFOLD_MUON, "learning_rate": rates["manifold"]}
+  model = {**base.model, "stiefel": CONSTRAINED.get(arm, ())}
   if arm in ("muon", "muon_polar_express"):
-    groups = {"euclidean": {**MUON, "learning_rate": rates["muon"],
-                            "adam_learning_rate": rates["adamw"],
-                            **({"ns_coeffs": "polar_express"}
-                               if arm == "muon_polar_express" else {})}}
+    groups = {"euclidean": {**muon, **({"ns_coeffs": "polar_express"}
+                                      if arm == "muon_polar_express" else {})}}
   elif arm == "stiefel_muon":
     groups = {"euclidean": adamw, "stiefel": {"name": "stiefel_muon",
                                               "learning_rate": rates["stiefel"]}}
+  elif arm == "manifold_muon":
+    groups = {"euclidean": adamw, "stiefel": manifold_muon}
+  elif arm in ("stiefel_attention", "stiefel_mlp"):
+    groups = {"euclidean": muon, "stiefel": manifold_muon}
   else:
     groups = {"euclidean": adamw}
   penalty = ({"name": "add_orthogonality_penalty", "kind": "so", "strength": so_strength}
@@ -214,6 +262,38 @@ def query_singular_values(model) -> list[float]:
   return np.linalg.svd(w, compute_uv=False).tolist()
 
 
+def logit_batch(config) -> np.ndarray:
+  """The fixed tokens the attention logits are measured on: the first
+  :data:`LOGIT_WINDOWS` evaluation windows of the validation split."""
+  options = {**config.options, "eval_split": "validation"}
+  batch = next(data_lib.eval_batches(config.data["name"], batch_size=LOGIT_WINDOWS,
+                                     split="validation", data_dir=config.data_dir or None,
+                                     **options))
+  return np.asarray(batch["x"])
+
+
+def logit_hook(tokens: np.ndarray):
+  """``hook(step, model)`` for the trainer: each layer's largest attention logit on
+  ``tokens`` (:meth:`orthojax.models.TransformerLM.attention_logit_max`)."""
+  measure = jax.jit(lambda model, tokens: model.attention_logit_max(tokens))
+
+  def hook(step, model):
+    del step
+    return {f"max_logit_{i}": float(v) for i, v in enumerate(np.asarray(measure(model, tokens)))}
+
+  return hook
+
+
+def logit_curve(run_dir: str) -> list[tuple[int, list[float]]]:
+  """``(step, [largest logit of each layer])`` of every hook record of the run."""
+  curve = {}
+  for r in metrics_lib.read_jsonl(os.path.join(run_dir, "metrics.jsonl")):
+    keys = sorted((k for k in r if k.startswith("max_logit_")), key=lambda k: int(k[10:]))
+    if r.get("split") == "spectrum" and keys:
+      curve[r["step"]] = [r[k] for k in keys]
+  return sorted(curve.items())
+
+
 def ratio_verdict(ratios: Sequence[float | None]) -> tuple[str, float, float]:
   """``(verdict, mean, 2 SE)`` of the token ratios against :data:`CLAIM` (None: an arm
   that did not reach the target in the budget, counted as the budget's end, 1.0, which
@@ -260,7 +340,9 @@ class LanguageModel(_harness.Experiment):
       base = apply_preset(base, _PRESET.value)
     self.base, self.info = base, info
     self.arms = list(_ARMS.value)
-    self.cells = [cell(arm) for arm in dict.fromkeys(["adamw", *self.arms])]
+    # An arm's cell after those of the arms whose rates its probe starts from.
+    ordered = [dep for arm in self.arms for dep in depends_on(arm)] + self.arms
+    self.cells = [cell(arm) for arm in dict.fromkeys(["adamw", *ordered])]
     self.rates, self.rates_source = _harness.given_rates(
         flags.FLAGS.rates_from, self.stages, self.cells, hint="--stages=probe --arms=...")
     runs = []
@@ -268,7 +350,8 @@ class LanguageModel(_harness.Experiment):
       for seed in range(_harness.num_seeds(3)):
         config = arm_config(base, arm, self.default_rates(base), _SO.value)
         config = config.replace(seed=base.seed + seed, data={"eval_split": "test"},
-                                final_eval_splits=("validation", "test"))
+                                final_eval_splits=("validation", "test"),
+                                hooks={"every_steps": base.eval_every})
         runs.append(_harness.Run(tags=(("arm", arm), ("seed", seed)), config=config))
     self.included, self.included_notes = _harness.included_records(
         flags.FLAGS.include_workdirs, runs, config=reported, experiment=self.name,
@@ -298,8 +381,9 @@ class LanguageModel(_harness.Experiment):
           base.workdir, self.cells, self.probe_cell, rule=self.probe_rule(), config=self.base)
     if "train" not in self.stages:
       return []
-    return [self.execute(dataclasses.replace(run, config=self.at_rates(run)), base.workdir)
-            for run in runs]
+    hooks = (logit_hook(logit_batch(self.base)),)
+    return [self.execute(dataclasses.replace(run, config=self.at_rates(run), hooks=hooks),
+                         base.workdir) for run in runs]
 
   def probe_rule(self) -> dict[str, Any]:
     return {"probe_steps": _PROBE_STEPS.value, "probe_widen": flags.FLAGS.probe_widen,
@@ -310,8 +394,9 @@ class LanguageModel(_harness.Experiment):
     arm = name.split("=", 1)[1]
     # The other arms' AdamW groups take the adamw cell's rate (probed first: self.cells
     # starts with it); a cell records the rates its arm uses, no others.
-    start = ({} if arm == "adamw" else
-             {"adamw": self.probed[cell("adamw")]["rates"]["adamw"]})
+    start = {group: self.probed[cell(dep)]["rates"][group]
+             for dep, group in ((dep, "adamw" if dep == "adamw" else "muon")
+                                for dep in depends_on(arm))}
     grids = [(group, _GRIDS[group].value) for group in probed_groups(arm)]
     steps = _PROBE_STEPS.value
     base = self.base.replace(num_steps=steps, eval_every=0, log_every=max(steps // 10, 1),
@@ -348,6 +433,8 @@ class LanguageModel(_harness.Experiment):
             "step_seconds": median_step_seconds(run_dir),
             "device": jax.devices()[0].device_kind,
             "query_singular_values": query_singular_values(result.model),
+            "logit_curve": logit_curve(run_dir),
+            "query_key_norms": np.asarray(result.model.query_key_norms()).tolist(),
             "headline": f"test loss {test:.4f}, validation "
                         f"{result.split_metrics.get('validation', {}).get('loss', math.nan):.4f}"}
 
@@ -359,7 +446,8 @@ class LanguageModel(_harness.Experiment):
     if self.rates:
       notes.append(f"learning rates per arm from {self.rates_source}: the lowest validation "
                    f"loss after {_PROBE_STEPS.value} steps (the run's schedule compressed); "
-                   f"the Muon and Stiefel arms' AdamW groups at the adamw arm's rate")
+                   f"the Muon arms' AdamW groups at the adamw arm's rate, the constrained "
+                   f"arms' (their scales) probed after their own group")
       for name, entry in self.rates["cells"].items():
         for group, probe in entry["probes"].items():
           notes.append(f"probe {name}, {RATE_GROUPS[group]} (validation loss): {probe['row']}")
@@ -380,6 +468,18 @@ def summarize(records, base, info):
     for split in ("validation", "test"):
       rows.append(_harness.Row({"arm": arm}, f"final {split} loss",
                                [seeds[s][split]["loss"] for s in sorted(seeds)]))
+  for arm, seeds in by_arm.items():
+    logged = [seeds[s] for s in sorted(seeds) if seeds[s].get("logit_curve")]
+    if logged:
+      rows.append(_harness.Row({"arm": arm}, "largest attention logit, any layer, end",
+                               [max(r["logit_curve"][-1][1]) for r in logged]))
+      rows.append(_harness.Row({"arm": arm}, "largest attention logit, any layer or step",
+                               [max(max(v) for _, v in r["logit_curve"]) for r in logged]))
+    normed = [seeds[s]["query_key_norms"] for s in sorted(seeds)
+              if seeds[s].get("query_key_norms")]
+    if normed:
+      rows.append(_harness.Row({"arm": arm}, "‖W_q W_kᵀ‖₂, largest layer, end",
+                               [max(n) for n in normed]))
   adamw = by_arm.get("adamw", {})
   for arm, seeds in by_arm.items():
     if arm == "adamw" or not adamw:
@@ -415,11 +515,13 @@ def summarize(records, base, info):
 
 
 def plot(records, base, by_arm, tokens_per_step) -> list[str]:
-  """Test loss against tokens and seconds, the Stiefel arm's defect, W_q's spectrum."""
+  """Test loss against tokens and seconds, the largest attention logit against steps, the
+  constrained arms' defect, W_q's spectrum."""
   plt = _harness.pyplot()
   workdir = base.workdir
-  fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
-  colors = dict(zip(ARMS, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+  fig, axes = plt.subplots(1, 5, figsize=(21, 3.8))
+  cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  colors = {arm: cycle[i % len(cycle)] for i, arm in enumerate(ARMS)}
   for arm, seeds in by_arm.items():
     for i, s in enumerate(sorted(seeds)):
       r = seeds[s]
@@ -430,17 +532,23 @@ def plot(records, base, by_arm, tokens_per_step) -> list[str]:
                    lw=1, label=label)
       axes[1].plot([t * r["step_seconds"] for t in steps], losses, color=colors.get(arm), lw=1,
                    label=label)
+      if r.get("logit_curve"):
+        axes[2].semilogy([p[0] for p in r["logit_curve"]],
+                         [max(p[1]) for p in r["logit_curve"]], color=colors.get(arm), lw=1,
+                         label=label)
       if r.get("defect_curve"):
-        axes[2].semilogy([p[0] for p in r["defect_curve"]], [p[1] for p in r["defect_curve"]],
+        axes[3].semilogy([p[0] for p in r["defect_curve"]], [p[1] for p in r["defect_curve"]],
                          color=colors.get(arm), lw=1, label=label)
       if arm in ("adamw", "muon") and i == 0:
         sv = r["query_singular_values"]
-        axes[3].plot(range(1, len(sv) + 1), sv, "o-", ms=2, color=colors.get(arm), label=arm)
+        axes[4].plot(range(1, len(sv) + 1), sv, "o-", ms=2, color=colors.get(arm), label=arm)
   axes[0].set(xlabel="tokens (M)", ylabel="test loss (nats/char)")
   devices = sorted({r.get("device", "?") for r in records})
   axes[1].set(xlabel=f"seconds of training ({', '.join(devices)})", ylabel="test loss")
-  axes[2].set(xlabel="step", ylabel="‖VᵀV − I‖ (largest)", title="stiefel_muon's defect")
-  axes[3].set(xlabel="index", ylabel="singular value", title="last block's W_q, end")
+  axes[2].set(xlabel="step", ylabel="max |q·k| / √d (largest layer)",
+              title="largest attention logit")
+  axes[3].set(xlabel="step", ylabel="‖VᵀV − I‖ (largest)", title="constrained arms' defect")
+  axes[4].set(xlabel="index", ylabel="singular value", title="last block's W_q, end")
   for ax in axes:
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=7)

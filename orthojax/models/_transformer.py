@@ -256,7 +256,8 @@ class TransformerLM(nnx.Module):
     s = p.get(f"{name}_scale")
     return y if s is None else y * s
 
-  def _block(self, x: jax.Array, p: Mapping[str, Any]) -> jax.Array:
+  def _heads(self, x: jax.Array, p: Mapping[str, Any]) -> tuple[jax.Array, ...]:
+    """One layer's ``q, k, v`` ``(batch, T, heads, head_dim)``, rotary applied."""
     b, t, d = x.shape
     n = self.heads
     h = rms_norm(x, p["attn_norm"])
@@ -267,7 +268,11 @@ class TransformerLM(nnx.Module):
     q, k, v = qkv.reshape(3, b, t, n, d // n)
     if p["q_norm"] is not None:
       q, k = rms_norm(q, p["q_norm"]), rms_norm(k, p["k_norm"])
-    q, k = rotary(q, self.rope_base), rotary(k, self.rope_base)
+    return rotary(q, self.rope_base), rotary(k, self.rope_base), v
+
+  def _block(self, x: jax.Array, p: Mapping[str, Any]) -> jax.Array:
+    b, t, d = x.shape
+    q, k, v = self._heads(x, p)
     attn = jax.nn.dot_product_attention(q, k, v, is_causal=True).reshape(b, t, d)
     x = x + self._matmul(attn, p, "attn_out")
     h = rms_norm(x, p["mlp_norm"])
@@ -276,6 +281,42 @@ class TransformerLM(nnx.Module):
   def __call__(self, tokens: jax.Array) -> jax.Array:
     """Logits ``(batch, T, vocab_size)`` of int tokens ``(batch, T)``: position ``t`` sees
     tokens ``0 … t`` only."""
+    return self._forward(tokens)
+
+  def attention_logit_max(self, tokens: jax.Array) -> jax.Array:
+    r"""The largest pre-softmax attention logit of each layer on ``tokens``:
+    ``max |q·k| / √d_head`` over the batch, the heads and the causal pairs, shape
+    ``(depth,)``.
+
+    The quantity whose growth saturates the softmax: Kimi K2 (Moonshot AI, arXiv
+    2507.20534, §2.1) clips it under Muon ("QK-clip"); Yoshihara (arXiv 2606.13276) reports
+    it blowing up wherever attention was left unconstrained by the Stiefel manifold.
+    """
+    def record(x, p):
+      q, k, _ = self._heads(x, p)
+      scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+      causal = jnp.tril(jnp.ones(scores.shape[-2:], bool))
+      return self._block(x, p), jnp.max(jnp.where(causal, jnp.abs(scores), 0.0))
+
+    _, per_layer = self._forward(tokens, record)
+    return per_layer
+
+  def query_key_norms(self) -> jax.Array:
+    """The spectral norm ``‖W_q W_kᵀ‖₂`` of each layer, scales applied (``(V_q s_q)(V_k
+    s_k)ᵀ`` for a constrained model), shape ``(depth,)``: the bilinear form of the
+    attention logits, ``q·k = x W_q W_kᵀ yᵀ`` summed over the heads, before rotary."""
+    qkv = self.qkv[...].astype(jnp.float32)
+    w_q, w_k = qkv[:, 0], qkv[:, 1]
+    if "qkv" in self.scales:
+      s = self.scales["qkv"][...].astype(jnp.float32)
+      s = s[:, :, None, None] if s.ndim == 2 else s[:, :, None, :]   # per matrix / output
+      w_q, w_k = w_q * s[:, 0], w_k * s[:, 1]
+    return jnp.linalg.norm(w_q @ jnp.swapaxes(w_k, -1, -2), ord=2, axis=(-2, -1))
+
+  def _forward(self, tokens, record=None):
+    """The embedding, the scanned blocks and the head: the logits. With ``record(x, p) ->
+    (block output, value)`` in place of the blocks: the last block's output and the
+    stacked values."""
     stack = self._stack()
     names = [k for k, v in stack.items() if v is not None]
     arrays = dtypes.promote_dtype([stack[k] for k in names] + [self.embed[...], self.head[...],
@@ -286,11 +327,15 @@ class TransformerLM(nnx.Module):
     layers.update({k: None for k, v in stack.items() if v is None})
 
     def body(x, p):
+      if record is not None:
+        return record(x, p)
       return sharding.constrain(self._block(x, p), _RESIDUAL), None
 
-    if self.remat:
+    if self.remat and record is None:
       body = jax.checkpoint(body, prevent_cse=False)
     x = sharding.constrain(jnp.take(embed, tokens, axis=0), _RESIDUAL)
-    x, _ = jax.lax.scan(body, x, layers)
+    x, values = jax.lax.scan(body, x, layers)
+    if record is not None:
+      return x, values
     return sharding.constrain(rms_norm(x, final_norm) @ head, _RESIDUAL)
 

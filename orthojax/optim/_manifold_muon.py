@@ -129,7 +129,7 @@ def manifold_muon_direction(w: jax.Array, g: jax.Array, *, solver: str = "admm",
 
 
 def clip_spectral(x: jax.Array, msign_steps: int | None = None) -> jax.Array:
-  """``U min(Σ, 1) Vᵀ`` for ``x = U Σ Vᵀ``: the projection onto the spectral unit ball.
+  r"""``U min(Σ, 1) Vᵀ`` for ``x = U Σ Vᵀ``: the projection onto the spectral unit ball.
 
   By the SVD for ``msign_steps=None``; else from products and two ``msign``\ s:
   with ``Q = msign(x)`` and ``Y = x − Q = U (Σ − I) Vᵀ``, ``min(σ, 1) = (σ + 1 − |σ − 1|)/2``

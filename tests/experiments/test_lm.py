@@ -84,27 +84,46 @@ def test_ratio_verdict_against_the_notes_third(ratios, verdict):
 @pytest.mark.parametrize("arm", lm.ARMS)
 def test_each_arm_routes_the_hidden_matrices_to_its_orthogonal_group(arm):
   base = Config.from_dict(config_file.get_config("smoke"))
-  config = lm.arm_config(base, arm, {"adamw": 3e-3, "muon": 0.02, "stiefel": 0.03})
+  config = lm.arm_config(base, arm, {"adamw": 3e-3, "muon": 0.02, "stiefel": 0.03,
+                                     "manifold": 0.04})
   info = data_lib.DatasetInfo(name="shakespeare", task="classification", input_shape=(32,),
                               num_classes=20, num_train=1000, num_eval=10, input_dtype="int32",
                               target_shape=(32,))
   model = model_zoo.build(config, info, nnx.Rngs(0))
   labels = nnx.to_pure_dict(oj.nn.manifold_labels(model))
   constrained = {k for k, v in labels.items() if v == "stiefel"}
-  assert constrained == (set(TransformerLM.MATRICES) if arm == "stiefel_muon" else set())
-  expected = {"stiefel_muon": {"euclidean", "stiefel"}}.get(arm, {"euclidean"})
-  assert set(config.optimizer) == expected
+  expected = {"stiefel_muon": TransformerLM.MATRICES, "manifold_muon": TransformerLM.MATRICES,
+              "stiefel_attention": ("qkv", "attn_out"),
+              "stiefel_mlp": ("mlp_in", "mlp_out")}.get(arm, ())
+  assert constrained == set(expected)
+  assert set(config.optimizer) == ({"euclidean", "stiefel"} if expected else {"euclidean"})
   program.check(config.replace(workdir="unused"), devices=jax.devices()[:1], num_processes=1,
                 published=True)
   euclidean = config.optimizer["euclidean"]
-  if arm.startswith("muon"):
-    assert euclidean["name"] == "muon" and euclidean["adam_learning_rate"] == 3e-3
+  if arm.startswith("muon") or arm in ("stiefel_attention", "stiefel_mlp"):
+    # Muon on the unconstrained hidden matrices, its AdamW group (and the scales) at AdamW's.
+    assert euclidean["name"] == "muon" and euclidean["learning_rate"] == 0.02
+    assert euclidean["adam_learning_rate"] == 3e-3
     assert euclidean.get("ns_coeffs", "quintic") == ("polar_express" if "polar" in arm
                                                      else "quintic")
   else:
     assert euclidean["name"] == "adamw" and euclidean["learning_rate"] == 3e-3
+  if expected:
+    stiefel = config.optimizer["stiefel"]
+    assert (stiefel["name"], stiefel["learning_rate"]) == (
+        ("stiefel_muon", 0.03) if arm == "stiefel_muon" else ("manifold_muon", 0.04))
   assert (config.penalty is not None) == (arm == "adamw_so")
-  assert tuple(config.model["stiefel"]) == (("all",) if arm == "stiefel_muon" else ())
+  assert tuple(config.model["stiefel"]) == lm.CONSTRAINED.get(arm, ())
+
+
+def test_the_probe_order_puts_an_arm_after_the_arms_its_rates_start_from():
+  """The constrained arms probe their own group, then their AdamW group (the scales); the
+  heterogeneous arms start from the muon arm's Muon rate, so its cell comes first."""
+  assert lm.probed_groups("manifold_muon") == ("manifold", "adamw")
+  assert lm.probed_groups("stiefel_muon") == ("stiefel", "adamw")
+  assert lm.probed_groups("muon") == ("muon",)
+  assert lm.depends_on("stiefel_attention") == ("adamw", "muon")
+  assert all(len(lm._GRIDS[g].default) >= 5 for g in ("muon", "stiefel", "manifold"))
 
 
 def test_production_presets_set_model_context_and_batch():
@@ -133,7 +152,7 @@ def smoke(tmp_path_factory, corpus_dir):
 @SMOKE_RUN
 def test_smoke_flagfile_probes_trains_and_reports_the_ratio(smoke):
   """The smoke flagfile with two arms (CI's time): AdamW and the Stiefel arm, whose AdamW
-  group takes the AdamW arm's probed rate. The Muon arms' routing: the tests above."""
+  group is probed after its own. The other arms' routing: the tests above."""
   workdir, args, proc = smoke
   results = json.loads((workdir / "results.json").read_text())
   ratio = [r for r in results["rows"] if r["metric"].startswith("tokens to AdamW")]
@@ -142,8 +161,10 @@ def test_smoke_flagfile_probes_trains_and_reports_the_ratio(smoke):
   assert all(0 < v <= 1 for v in ratio[0]["ours"])
   rates = json.loads((workdir / "probe/rates.json").read_text())
   assert list(rates["cells"]) == ["arm=adamw", "arm=stiefel_muon"]
-  adamw_rate = rates["cells"]["arm=adamw"]["rates"]["adamw"]
-  assert rates["cells"]["arm=stiefel_muon"]["rates"]["adamw"] == adamw_rate
+  # The constrained arm's AdamW group (its scales) probed after its own, from the adamw
+  # arm's rate.
+  assert list(rates["cells"]["arm=stiefel_muon"]["probes"]) == ["stiefel", "adamw"]
+  adamw_rate = rates["cells"]["arm=stiefel_muon"]["rates"]["adamw"]
   config = json.loads((workdir / "runs/arm=stiefel_muon/seed=1/config.json").read_text())
   assert config["optimizer"]["euclidean"]["learning_rate"] == adamw_rate
   assert config["optimizer"]["stiefel"]["learning_rate"] == rates["cells"][
@@ -152,6 +173,13 @@ def test_smoke_flagfile_probes_trains_and_reports_the_ratio(smoke):
   record = json.loads((workdir / "runs/arm=stiefel_muon/seed=0/result.json").read_text())
   assert max(d for _, d in record["defect_curve"]) < 1e-4            # on the manifold
   assert len(record["query_singular_values"]) == 32
+  # The attention logits at every evaluation (10, 20, 30, 40), one per layer, and the end's
+  # ‖W_q W_kᵀ‖₂: s_q s_k at most for orthonormal V_q, V_k and per-output scales.
+  assert [step for step, _ in record["logit_curve"]] == [10, 20, 30, 40]
+  assert all(len(v) == 2 and all(0 < x < 100 for x in v) for _, v in record["logit_curve"])
+  assert len(record["query_key_norms"]) == 2 and all(n > 0 for n in record["query_key_norms"])
+  metrics = {r["metric"] for r in results["rows"]}
+  assert {"largest attention logit, any layer, end", "‖W_q W_kᵀ‖₂, largest layer, end"} <= metrics
   assert (workdir / "lm_curves.png").stat().st_size > 10_000
   assert "tokens to AdamW's final test loss" in proc.stdout
   # Rerun: every run and trial is read back, the report is the same.

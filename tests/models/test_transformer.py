@@ -39,8 +39,9 @@ def _randomise_gains(model, seed=1):
         var[...] = var[...] * jnp.asarray(1 + 0.3 * rng.standard_normal(var.shape), var.dtype)
 
 
-def _reference(model, tokens):
-  """Logits by a float64 numpy loop: explicit causal softmax, rotary by complex numbers."""
+def _reference(model, tokens, largest_logits=None):
+  """Logits by a float64 numpy loop: explicit causal softmax, rotary by complex numbers;
+  each layer's largest ``|q·k|/√d`` appended to ``largest_logits`` if given."""
   f = lambda v: np.asarray(v[...], np.float64)
   norm = lambda x, g: x / np.sqrt(np.mean(x * x, -1, keepdims=True) + 1e-6) * g
   gelu = lambda x: np.asarray(jax.nn.gelu(jnp.asarray(x, jnp.float32)), np.float64)
@@ -65,11 +66,15 @@ def _reference(model, tokens):
       q, k = norm(q, f(model.q_norm)[l]), norm(k, f(model.k_norm)[l])
     q, k = rope(q), rope(k)
     out = np.zeros_like(q)
+    largest = 0.0
     for i in range(t):
       logits = np.einsum("bnh,bsnh->bns", q[:, i], k[:, :i + 1]) / np.sqrt(hd)
+      largest = max(largest, np.abs(logits).max())
       p = np.exp(logits - logits.max(-1, keepdims=True))
       p /= p.sum(-1, keepdims=True)
       out[:, i] = np.einsum("bns,bsnh->bnh", p, v[:, :i + 1])
+    if largest_logits is not None:
+      largest_logits.append(largest)
     x = x + out.reshape(b, t, d) @ f(model.attn_out)[l] * scale("attn_out", l)
     h = norm(x, f(model.mlp_norm)[l])
     x = x + gelu(h @ f(model.mlp_in)[l] * scale("mlp_in", l)) @ f(model.mlp_out)[l] * scale(
@@ -88,6 +93,29 @@ def test_scanned_model_equals_a_float64_reference(kw):
   _randomise_gains(model)
   tokens = _tokens()
   np.testing.assert_allclose(model(tokens), _reference(model, tokens), rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("kw", [
+    {},
+    {"qk_norm": True},
+    {"stiefel": "attention", "scale": "output"},
+    {"stiefel": "all", "scale": "matrix", "remat": True},
+], ids=["euclidean", "qk_norm", "stiefel-attention-output-scales", "stiefel-matrix-scales"])
+def test_attention_logits_and_query_key_norms_equal_float64_references(kw):
+  """The largest logit per layer from the float64 loop above; ``‖W_q W_kᵀ‖₂`` from an SVD
+  of the materialised scaled matrices."""
+  model = _model(**kw)
+  _randomise_gains(model)
+  tokens = _tokens(seed=3)
+  largest = []
+  _reference(model, tokens, largest)
+  np.testing.assert_allclose(model.attention_logit_max(tokens), largest, rtol=2e-4)
+  qkv = np.asarray(model.qkv[...], np.float64)
+  s = np.asarray(model.scales["qkv"][...], np.float64) if "qkv" in model.scales else None
+  for l in range(DEPTH):
+    w_q, w_k = (qkv[l, i] if s is None else qkv[l, i] * s[l, i] for i in (0, 1))
+    norm = np.linalg.svd(w_q @ w_k.T, compute_uv=False)[0]
+    assert model.query_key_norms()[l] == pytest.approx(norm, rel=1e-5)
 
 
 @pytest.mark.parametrize("kw", [{}, {"qk_norm": True, "stiefel": "all"}])
