@@ -1,4 +1,4 @@
-"""Manifold Muon: steepest descent on the Stiefel manifold under the spectral norm.
+r"""Manifold Muon: steepest descent on the Stiefel manifold under the spectral norm.
 
 At a point ``W`` (the tall ``n × p`` matrix view, ``WᵀW = I``) with gradient ``G`` the
 direction solves
@@ -48,8 +48,35 @@ shape          ADMM, 100 iterations (SVD / NS 8)       dual ascent, 30 (SVD / NS
 1024 × 256     2,699 / 3,064 ms, gap 1e-7              805 / 483 ms, gap 1.5e-6, tangent 3e-5
 =============  =====================================  ======================================
 
-So dual ascent is 3–6× cheaper where it converges (``n ≥ 2p``) and wrong where it does not;
-ADMM is the default because it is right for every shape.
+So dual ascent is 3–6× cheaper where it converges (``n ≥ 2p``) and wrong where it does not.
+
+The dual in ``p × p`` (``solver="reweighted"``): with ``C = WᵀG``, the normal part
+``G_⊥ = G − WC`` and ``N = G_⊥ᵀG_⊥``, every ``M = G + 2WΛ`` is ``WK + G_⊥`` with
+``K = Ω + Σ``, ``Ω = skew(C)`` fixed and ``Σ`` any symmetric matrix, and since
+``WᵀG_⊥ = 0``,
+
+    ‖M‖_* = tr (KᵀK + N)^{1/2},    msign(M) = (WK + G_⊥) S^{-1/2},   S = KᵀK + N,
+
+so the dual is a ``p × p`` problem and only its first and last products touch ``n``. Its
+optimality condition is the tangent condition, ``sym(K S^{-1/2}) = 0``. Holding ``S`` fixed
+makes that a Lyapunov equation in ``Σ``, solved in the eigenbasis ``S^{-1/2} = Q D Qᵀ`` as
+``Σ̃ᵢⱼ = Ω̃ᵢⱼ (dᵢ − dⱼ)/(dᵢ + dⱼ)``; each iteration refreshes ``S`` and solves again (an
+iteratively reweighted fixed point, as Weiszfeld's algorithm is for a sum of norms; one
+``p × p`` eigendecomposition per iteration). It converges linearly, fast where ``N`` is well
+conditioned, i.e. where the normal space has room (``n ≥ 4p``): on 512 × 128, 3.4× per
+iteration (gap 7.6e-6, tangent residual 1.2e-5 after 8); on 256 × 128 it stalls (1.7e-2).
+
+=============  ====================================================
+shape          reweighted, 8 iterations (gap / tangent residual)
+=============  ====================================================
+512 × 128      7.6e-6 / 1.2e-5
+384 × 128      1.2e-4 / 4.2e-4
+96 × 24        1.4e-6 / 1.3e-5
+256 × 128      1.7e-2 / 1.3e-2 (does not converge: use ADMM)
+=============  ====================================================
+
+``solver="auto"`` (the default) takes the closed form below for square matrices, the
+reweighted iteration from ``n ≥ 4p`` on, and ADMM, right for every shape, between.
 
 At a square ``W`` the tangent space is ``{WΩ : Ω skew}`` and the problem is
 ``min ⟨S, Ω⟩`` over skew ``Ω`` with ``‖Ω‖₂ ≤ 1``, ``S = skew(WᵀG)``: the unconstrained
@@ -69,12 +96,21 @@ import optax
 
 from orthojax import linalg
 from orthojax.manifolds import Stiefel
-from orthojax.optim._checks import (check_bucket, check_decay, check_rate, check_static,
-                                    require_params)
+from orthojax.optim._checks import (check_bucket, check_decay, check_matrices, check_rate,
+                                    check_static, require_params)
 from orthojax.optim._keeps import keeping
 from orthojax.optim._recorded import views_from_init
 from orthojax.optim._riemannian import retract
 from orthojax.optim._scope import scoped
+
+
+def check_steps(who: str, steps: Any) -> None:
+  """One line unless ``steps`` is None or a Python int ≥ 1."""
+  check_static(who, steps, "steps")
+  if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                            or steps < 1):
+    raise ValueError(f"{who}: steps={steps!r} must be a positive int (the solver's "
+                     f"iterations) or None (the solver's default)")
 
 
 def check_solver(who: str, solver: Any) -> None:
@@ -90,21 +126,36 @@ def msign(m: jax.Array, steps: int | None = None) -> jax.Array:
   return linalg.newton_schulz(m, steps, "polar_express")
 
 
-SOLVERS = ("admm", "dual")
+SOLVERS = ("auto", "admm", "dual", "reweighted")
 """Accepted ``solver`` names (module docstring)."""
 
+DEFAULT_STEPS = {"admm": 100, "dual": 30, "reweighted": 10}
+"""Each solver's iterations where ``steps=None``."""
 
-def manifold_muon_direction(w: jax.Array, g: jax.Array, *, solver: str = "admm",
-                            steps: int = 100, dual_rate: float = 0.05, rho: float = 0.3,
-                            msign_steps: int | None = None) -> jax.Array:
+REWEIGHTED_FROM = 4
+"""``solver="auto"`` runs the reweighted iteration on ``n × p`` matrices from ``n ≥ 4p``."""
+
+
+def chosen_solver(solver: str, n: int, p: int) -> str:
+  """The solver ``solver`` names for a tall ``n × p`` matrix (``"auto"``: module docstring;
+  a square matrix takes the closed form whatever the solver)."""
+  if solver != "auto":
+    return solver
+  return "reweighted" if n >= REWEIGHTED_FROM * p else "admm"
+
+
+def manifold_muon_direction(w: jax.Array, g: jax.Array, *, solver: str = "auto",
+                            steps: int | None = None, dual_rate: float = 0.05,
+                            rho: float = 0.3, msign_steps: int | None = None) -> jax.Array:
   """``A'`` of the module docstring for tall ``w`` (``n × p``, orthonormal columns) and
   ``g``: the step is ``−η A'``, ``‖A'‖₂ ≤ 1`` and ``A'`` tangent at ``w`` (to the
   solver's convergence). Batched over leading axes.
 
   Args:
     w, g: the point and the gradient (or its momentum), tall.
-    solver: ``"admm"`` (default) or ``"dual"`` (dual ascent, the paper's).
-    steps: the solver's iterations.
+    solver: ``"auto"`` (default), ``"admm"``, ``"dual"`` (dual ascent, the paper's) or
+      ``"reweighted"`` (the ``p × p`` fixed point).
+    steps: the solver's iterations (None: :data:`DEFAULT_STEPS`).
     dual_rate: dual ascent's ``α``; rho: ADMM's ``ρ`` (both for ``g`` at unit Frobenius
       norm).
     msign_steps: the solvers' ``msign`` (dual ascent's, and ADMM's projection onto the
@@ -114,8 +165,12 @@ def manifold_muon_direction(w: jax.Array, g: jax.Array, *, solver: str = "admm",
   if w.shape[-1] == w.shape[-2]:   # closed form (module docstring)
     return w @ linalg.skew(msign(linalg.skew(t(w) @ g), msign_steps))
   g = g / (jnp.linalg.norm(g, axis=(-2, -1), keepdims=True) + 1e-30)   # the steps' scale
+  solver = chosen_solver(solver, w.shape[-2], w.shape[-1])
+  steps = DEFAULT_STEPS[solver] if steps is None else steps
   if solver == "admm":
     return _admm(w, g, steps, rho, msign_steps)
+  if solver == "reweighted":
+    return _reweighted(w, g, steps)
   dual_steps = steps
   lam = -0.25 * (t(w) @ g + t(g) @ w)
 
@@ -143,6 +198,30 @@ def clip_spectral(x: jax.Array, msign_steps: int | None = None) -> jax.Array:
   return 0.5 * (x + q - msign(y, msign_steps) @ (jnp.swapaxes(y, -1, -2) @ q))
 
 
+def _reweighted(w, g, steps):
+  """The ``p × p`` dual by the reweighted fixed point (module docstring): ``msign(M)`` at
+  the last ``Σ``."""
+  t = lambda x: jnp.swapaxes(x, -1, -2)
+  c = t(w) @ g
+  normal = g - w @ c
+  n_gram = t(normal) @ normal
+  omega = linalg.skew(c)
+
+  def inverse_sqrt(k):
+    e, q = jnp.linalg.eigh(t(k) @ k + n_gram)
+    return q, jax.lax.rsqrt(jnp.maximum(e, jnp.finfo(e.dtype).tiny))
+
+  def iterate(_, sigma):
+    q, d = inverse_sqrt(omega + sigma)
+    weight = (d[..., :, None] - d[..., None, :]) / (d[..., :, None] + d[..., None, :])
+    return q @ ((t(q) @ omega @ q) * weight) @ t(q)
+
+  sigma = jax.lax.fori_loop(0, steps, iterate, jnp.zeros_like(omega))
+  k = omega + sigma
+  q, d = inverse_sqrt(k)
+  return (w @ k + normal) @ ((q * d[..., None, :]) @ t(q))
+
+
 def _admm(w, g, steps, rho, msign_steps):
   """ADMM on ``A = B`` (module docstring): ``A' = −A``, the last tangent ``A`` scaled into
   the ball (``A`` minimises ``⟨G, A⟩``; the step is ``−η A' = η A``)."""
@@ -162,14 +241,14 @@ def _admm(w, g, steps, rho, msign_steps):
   return -a / jnp.maximum(norm, 1.0)
 
 
-def scale_by_manifold_muon(*, solver: str = "admm", steps: int = 100,
+def scale_by_manifold_muon(*, solver: str = "auto", steps: int | None = None,
                            dual_rate: float = 0.05, rho: float = 0.3,
                            msign_steps: int | None = None, views: Any = None,
                            bucket: str = "pad") -> optax.GradientTransformation:
   """The direction ``A'`` of each matrix (module docstring) in place of its update; the
   arguments are :func:`manifold_muon_direction`'s."""
   check_solver("scale_by_manifold_muon", solver)
-  check_static("scale_by_manifold_muon", steps, "steps")
+  check_steps("scale_by_manifold_muon", steps)
   check_bucket("scale_by_manifold_muon", bucket)
 
   def build(views):
@@ -188,8 +267,11 @@ def scale_by_manifold_muon(*, solver: str = "admm", steps: int = 100,
         out = linalg.map_views(leaf, params, updates, views=views, bucket=bucket)
       return out, state
 
-    return optax.GradientTransformation(lambda params: optax.EmptyState(),
-                                        scoped("scale_by_manifold_muon", update_fn))
+    def init_fn(params):
+      check_matrices("scale_by_manifold_muon", params, views)
+      return optax.EmptyState()
+
+    return optax.GradientTransformation(init_fn, scoped("scale_by_manifold_muon", update_fn))
 
   return views_from_init(build, views)
 
@@ -199,8 +281,8 @@ def manifold_muon(
     *,
     beta: float = 0.95,
     nesterov: bool = True,
-    solver: str = "admm",
-    steps: int = 100,
+    solver: str = "auto",
+    steps: int | None = None,
     dual_rate: float = 0.05,
     rho: float = 0.3,
     msign_steps: int | None = None,
@@ -209,7 +291,7 @@ def manifold_muon(
     bucket: str = "pad",
 ) -> optax.GradientTransformation:
   """Manifold Muon: momentum, the spectral-norm steepest descent direction in the tangent
-  space (:func:`manifold_muon_direction`, dual ascent), the rate, a retraction.
+  space (:func:`manifold_muon_direction`), the rate, a retraction.
 
   ``W ← R_W(−η A'(W, m))`` per matrix, ``m`` the gradient's momentum
   (``optax.trace``: ``m ← β m + G``, Nesterov's look-ahead by default, as Muon).
@@ -217,9 +299,11 @@ def manifold_muon(
   Args:
     learning_rate: ``η``, a float or an Optax schedule: the step's spectral norm.
     beta, nesterov: the momentum (``optax.trace``'s ``decay`` and ``nesterov``).
-    solver: ``"admm"`` (default; converges for every shape) or ``"dual"`` (the paper's
-      dual ascent; slow where ``p`` is near ``n``). Square matrices take the closed form.
-    steps: the solver's iterations.
+    solver: ``"auto"`` (default: the reweighted ``p × p`` iteration from ``n ≥ 4p`` on,
+      ADMM below), ``"admm"`` (converges for every shape), ``"dual"`` (the paper's dual
+      ascent; slow where ``p`` is near ``n``) or ``"reweighted"``. Square matrices take
+      the closed form.
+    steps: the solver's iterations (None: :data:`DEFAULT_STEPS`, per solver).
     dual_rate: dual ascent's step ``α`` (for the gradient scaled to unit norm), decayed
       linearly to 0 over the iterations as in Bernstein (2025).
     rho: ADMM's penalty ``ρ`` (same scale).
@@ -238,18 +322,23 @@ def manifold_muon(
   check_rate("manifold_muon", learning_rate)
   check_decay("manifold_muon", beta, "beta")
   check_solver("manifold_muon", solver)
-  check_static("manifold_muon", steps, "steps")
+  check_steps("manifold_muon", steps)
   check_bucket("manifold_muon", bucket)
   if msign_steps is not None:
     check_static("manifold_muon", msign_steps, "msign_steps")
   manifold = Stiefel(retraction)
 
   def build(views):
-    return keeping(optax.chain(
+    def init_fn(params):   # before the momentum: name the optimizer the user called
+      check_matrices("manifold_muon", params, views)
+      return chain.init(params)
+
+    chain = optax.chain(
         optax.trace(decay=beta, nesterov=nesterov),
         scale_by_manifold_muon(solver=solver, steps=steps, dual_rate=dual_rate, rho=rho,
                                msign_steps=msign_steps, views=views, bucket=bucket),
         optax.scale_by_learning_rate(learning_rate),
-        retract(manifold, views, bucket=bucket)))
+        retract(manifold, views, bucket=bucket))
+    return keeping(optax.GradientTransformation(init_fn, chain.update))
 
   return views_from_init(build, views)

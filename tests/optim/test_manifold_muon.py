@@ -70,12 +70,13 @@ def test_square_closed_form_for_a_tangent_gradient(n):
 
 @pytest.mark.parametrize("shape", ["tall", "near square", "tall batched"])
 def test_admm_converges_to_a_long_solve(shape):
-  """The default's objective within 1e-3 (relative) of 2,000 iterations'; 3 are worse."""
+  """ADMM's objective at its default iterations within 1e-3 (relative) of 2,000
+  iterations'; 3 are worse."""
   w, g = _problem(SHAPES[shape], seed=3)
   value = lambda a: float(jnp.sum(g * a))
-  long = value(_direction(w, g, steps=2000))
-  assert abs(value(_direction(w, g)) - long) <= 1e-3 * abs(long)
-  assert abs(value(_direction(w, g, steps=3)) - long) > 1e-3 * abs(long)
+  long = value(_direction(w, g, solver="admm", steps=2000))
+  assert abs(value(_direction(w, g, solver="admm")) - long) <= 1e-3 * abs(long)
+  assert abs(value(_direction(w, g, solver="admm", steps=3)) - long) > 1e-3 * abs(long)
 
 
 def test_the_dual_ascent_agrees_with_admm_where_it_converges():
@@ -84,9 +85,35 @@ def test_the_dual_ascent_agrees_with_admm_where_it_converges():
   w, g = _problem(SHAPES["tall"], seed=4)
   dual = _direction(w, g, solver="dual", steps=30)
   assert float(jnp.max(jnp.abs(_t(w) @ dual + _t(dual) @ w))) < 1e-5
-  np.testing.assert_allclose(dual, _direction(w, g, steps=300), atol=2e-3)
+  np.testing.assert_allclose(dual, _direction(w, g, solver="admm", steps=300), atol=2e-3)
   np.testing.assert_allclose(_direction(w, g, solver="dual", steps=30, msign_steps=10), dual,
                              atol=5e-3)
+
+
+@pytest.mark.parametrize("shape", [(512, 128), (96, 24), (3, 80, 16)])
+def test_the_reweighted_p_by_p_iteration_agrees_with_admm_where_the_normal_space_has_room(shape):
+  """``n ≥ 4p``: 10 reweighted iterations (only ``p × p`` eigendecompositions between the
+  first and last products) tangent to 1e-4 and the objective within 2e-5 of 1,000 ADMM
+  iterations'; the default solver takes it there; 2 iterations are not enough."""
+  w, g = _problem(shape, seed=8)
+  g = g + 3.0 * jnp.mean(g, axis=-1, keepdims=True)      # a dominant direction, as momenta
+  value = lambda a: np.sum(np.asarray(g / jnp.linalg.norm(g, axis=(-2, -1), keepdims=True),
+                                      np.float64) * np.asarray(a, np.float64), axis=(-2, -1))
+  long = value(_direction(w, g, solver="admm", steps=1000))
+  ours = _direction(w, g, solver="reweighted")
+  assert float(jnp.max(jnp.abs(_t(w) @ ours + _t(ours) @ w))) < 1e-4
+  assert np.linalg.svd(np.asarray(ours, np.float64), compute_uv=False).max() <= 1 + 1e-5
+  np.testing.assert_allclose(value(ours), long, atol=2e-5)
+  np.testing.assert_array_equal(_direction(w, g), ours)           # "auto" chose it
+  assert np.max(np.abs(value(_direction(w, g, solver="reweighted", steps=2)) - long)) > 1e-4
+
+
+def test_auto_takes_admm_where_the_normal_space_is_narrow():
+  from orthojax.optim._manifold_muon import chosen_solver
+  assert [chosen_solver("auto", n, 128) for n in (512, 511, 256)] == [
+      "reweighted", "admm", "admm"]
+  w, g = _problem(SHAPES["near square"], seed=9)
+  np.testing.assert_array_equal(_direction(w, g), _direction(w, g, solver="admm"))
 
 
 def _params():
@@ -121,6 +148,11 @@ def test_bad_arguments_are_one_line():
     oj.optim.manifold_muon(0.1, beta=1.5)
   with pytest.raises(ValueError, match="^manifold_muon: solver='newton' is not a solver"):
     oj.optim.manifold_muon(0.1, solver="newton")
+  for steps in (0, -3, 2.5):
+    with pytest.raises(ValueError, match=f"^manifold_muon: steps={steps!r} must be a positive"):
+      oj.optim.manifold_muon(0.1, steps=steps)
+  with pytest.raises(ValueError, match="^manifold_muon: leaves .* are not matrices"):
+    _run(oj.optim.manifold_muon(0.1, views={"a": False, "b": None, "c": None}), _params(), 1)
 
 
 def test_it_is_chosen_from_the_config_for_the_stiefel_group():
