@@ -15,7 +15,10 @@ The argument is one of:
   steps then cosine, gradients clipped at norm 1, float32. nanoGPT reaches a validation
   loss of about 1.88 on tiny Shakespeare with it; the complete works are a different
   (five times larger) text, so that figure is a scale, not a target;
-* ``smoke`` — 2 × 32, context 32, batch 8, 40 steps (CI).
+* ``smoke`` — 2 × 32, context 32, batch 8, 40 steps (CI);
+* ``medium`` — the second size, for a GPU: 6 × 256, 4 heads, context 256, batch 32, 500
+  steps (4.1 M tokens, 0.9 of an epoch of the complete works' 4.5 M training characters,
+  so no window is seen twice on average), warmup 50, evaluated every 50 steps.
 
 Every arm at weight decay 0 (short runs; arXiv 2509.02046 finds the decay's effect in
 long ones), AdamW's ``b2 = 0.95`` for every AdamW group (nanoGPT's GPT-2 setting, also
@@ -32,7 +35,7 @@ from experiments.configs._base import data as data_section
 from experiments.configs._base import section
 from experiments.configs._base import trainer
 
-SCALES = ("smoke",)
+SCALES = ("smoke", "medium")
 
 PRESETS = {
     "gpt2_small": {"depth": 12, "width": 768, "heads": 12, "context": 1024,
@@ -67,4 +70,10 @@ def get_config(arg: str = ""):
     config.batch_size, config.eval_batch_size, config.num_steps = 8, 32, 40
     config.warmup_steps, config.log_every, config.eval_every = 5, 10, 10
     config.checkpoint.every_steps = 20
+  if arg == "medium":
+    config.model.depth, config.model.width, config.model.heads = 6, 256, 4
+    config.data.context = 256
+    config.batch_size, config.num_steps = 32, 500
+    config.warmup_steps, config.log_every, config.eval_every = 50, 25, 50
+    config.checkpoint.every_steps = 250
   return config

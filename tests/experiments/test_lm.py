@@ -126,6 +126,20 @@ def test_the_probe_order_puts_an_arm_after_the_arms_its_rates_start_from():
   assert all(len(lm._GRIDS[g].default) >= 5 for g in ("muon", "stiefel", "manifold"))
 
 
+def test_the_medium_size_trains_within_one_epoch_of_the_corpus():
+  """The second size (for a GPU): 6 × 256 at context 256, every window seen at most once
+  on average; it builds and checks as the trainer would run it."""
+  config = Config.from_dict(config_file.get_config("medium"))
+  info = data_lib.dataset_info("shakespeare", published=True, **config.options)
+  tokens = config.num_steps * config.batch_size * config.data["context"]
+  assert (config.model["depth"], config.model["width"], config.data["context"]) == (6, 256, 256)
+  assert 0.8 * info.num_train < tokens <= info.num_train
+  for arm in ("adamw", "muon", "stiefel_attention"):
+    program.check(lm.arm_config(config, arm, {"adamw": 3e-3, "muon": 0.02, "manifold": 0.04})
+                  .replace(workdir="unused"), devices=jax.devices()[:1], num_processes=1,
+                  published=True)
+
+
 def test_production_presets_set_model_context_and_batch():
   base = Config.from_dict(config_file.get_config())
   big = lm.apply_preset(base, "gpt_1p3b")
