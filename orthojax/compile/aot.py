@@ -81,6 +81,13 @@ class StepReport:
       cheapest branch, the step when no guard fires
       (``orthojax.compile.hlo.Module.from_text``).
     guarded_bytes_accessed: ``bytes_accessed`` counted the same way.
+    matrix_unit_flops: the matrix products' FLOPs (loop bodies per iteration, guards at
+      their cheapest branch) weighted by the bfloat16 passes a TPU's matrix unit makes for
+      each (``orthojax.compile.hlo.Module.matrix_unit_flops``: a float32 product at
+      ``HIGHEST`` six, at ``HIGH`` three, at ``DEFAULT`` one); ``flops`` counts each
+      product once, as XLA does.
+    matmul_flops: the same products counted once each (``matrix_unit_flops`` over this is
+      the passes' mean).
   """
 
   flops: float
@@ -94,6 +101,8 @@ class StepReport:
   optimizer_collectives: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
   guarded_flops: float = 0.0
   guarded_bytes_accessed: float = 0.0
+  matmul_flops: float = 0.0
+  matrix_unit_flops: float = 0.0
 
   @classmethod
   def of(cls, compiled: Any) -> "StepReport":
@@ -119,7 +128,9 @@ class StepReport:
                traffic_by_scope=unguarded.traffic_by_scope(depth=3),
                optimizer_collectives=unguarded.collectives(scope="optimizer"),
                guarded_flops=guarded,
-               guarded_bytes_accessed=hlo.loop_corrected_bytes(xla_bytes, module))
+               guarded_bytes_accessed=hlo.loop_corrected_bytes(xla_bytes, module),
+               matmul_flops=unguarded.matmul_flops(),
+               matrix_unit_flops=unguarded.matrix_unit_flops())
 
 
 def _shares(traffic: dict[str, float], top: int = 5) -> str:
@@ -222,6 +233,10 @@ class CompileReport:
                                     + (f" (XLA counts {t.xla_flops:.4g}: loop bodies once)"
                                        if abs(t.flops - t.xla_flops) > 1e-6 * t.flops else "")),
         ("FLOPs per example", f"{self.flops_per_example / 1e9:.4g} GFLOP"),
+        *([("matrix-unit FLOPs per step", f"{t.matrix_unit_flops:.4g} (products weighted by "
+                                          f"their bfloat16 passes: {t.matrix_unit_flops / mm:.2f}"
+                                          f"× their count of {mm:.4g})")]
+          if (mm := t.matmul_flops) and t.matrix_unit_flops > 1.0001 * mm else []),
         *([("with every guard's fall-back", f"{t.guarded_flops:.4g} FLOPs, "
                                           f"{t.guarded_bytes_accessed / GiB:.3g} GiB per step "
                                           f"per chip (XLA's rule: each cond's costliest branch)")]

@@ -212,6 +212,19 @@ class Module:
     return total
 
 
+  def matrix_unit_flops(self, *, scope: str | None = None) -> float:
+    """:meth:`matmul_flops` with each product weighted by the bfloat16 passes a TPU's
+    matrix unit makes for it (:func:`bf16_passes`): a float32 product at ``HIGHEST``
+    precision costs six, at ``HIGH`` (``BF16_BF16_F32_X3``) three, at the TPU's
+    ``DEFAULT`` one, as does a bfloat16 product. XLA's count (and :meth:`matmul_flops`)
+    charges each product once whatever its passes, which makes float32 maths look as
+    cheap as the network's one-pass products."""
+    total = 0.0
+    for ins, count, types in self.instructions():
+      if ins.op in ("dot", "convolution") and _in_scope(ins, scope):
+        total += _matmul_flops(ins, types) * count * bf16_passes(ins, types)
+    return total
+
   def traffic_by_scope(self, depth: int = 2, *, weighted: bool = True) -> dict[str, float]:
     """HBM bytes per step by the ``jax.named_scope`` the ops came from.
 
@@ -440,6 +453,29 @@ def _result_bytes(ins: Instruction) -> int:
   elif ins.op.endswith("-start") and ins.type.startswith("(") and len(arrays) > 1:
     arrays = arrays[1:2]
   return sum(_DTYPE_BYTES[d] * math.prod(s) for d, s in arrays)
+
+
+_ALGORITHM_PASSES = {"dot_bf16_bf16_f32": 1, "dot_bf16_bf16_f32_x3": 3,
+                     "dot_bf16_bf16_f32_x6": 6, "dot_tf32_tf32_f32": 1,
+                     "dot_tf32_tf32_f32_x3": 3}
+_PRECISION_PASSES = {"default": 1, "high": 3, "highest": 6}
+
+
+def bf16_passes(ins: Instruction, types: dict[str, str]) -> int:
+  """The bfloat16 passes a TPU's matrix unit makes for the product ``ins``: its
+  ``algorithm=`` if it names one, else its operands' ``operand_precision`` (``HIGHEST``
+  six, ``HIGH`` three, ``DEFAULT`` one: the float32 emulations of Henry, Tang & Heinecke,
+  "Leveraging the bfloat16 artificial intelligence datatype for higher-precision
+  computations", ARITH 2019) for float32 operands; one pass for narrower ones."""
+  algorithm = re.search(r"algorithm=(\w+)", ins.rest)
+  if algorithm and algorithm.group(1) in _ALGORITHM_PASSES:
+    return _ALGORITHM_PASSES[algorithm.group(1)]
+  operands = _OPERAND.findall(ins.rest.split(")")[0])
+  dtypes = {_arrays(types[o])[0][0] for o in operands[:2] if o in types and _arrays(types[o])}
+  if not dtypes & {"f32", "f64"}:
+    return 1
+  precision = re.search(r"operand_precision=\{(\w+)", ins.rest)
+  return _PRECISION_PASSES.get(precision.group(1) if precision else "default", 1)
 
 
 def _matmul_flops(ins: Instruction, types: dict[str, str]) -> float:

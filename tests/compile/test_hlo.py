@@ -246,3 +246,23 @@ def test_kernels_count_a_scopes_launches_per_step():
   ours = kernels(3)
   assert [v for k, v in ours.items() if k.startswith("custom-call:") and "potrf" in k] == [1]
   assert sum(kernels(3, None).values()) > three   # the product outside counts there only
+
+
+def test_matrix_unit_flops_weight_each_product_by_its_bfloat16_passes():
+  """A TPU's float32 products: HIGHEST six passes, HIGH / BF16_BF16_F32_X3 three,
+  DEFAULT one; bfloat16 operands one; nominal FLOPs count each once."""
+  one = 2 * 8 * 16 * 4
+  cases = [(lambda a, b: jnp.matmul(a, b, precision="highest"), 6),
+           (lambda a, b: jnp.matmul(a, b, precision="high"), 3),
+           (lambda a, b: jax.lax.dot(a, b, precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X3), 3),
+           (lambda a, b: a @ b, 1)]
+  for fn, passes in cases:
+    module, _ = _module(fn, jnp.ones((8, 16)), jnp.ones((16, 4)))
+    assert module.matmul_flops() == one
+    assert module.matrix_unit_flops() == passes * one
+  text = "\n".join([
+      "ENTRY %main (a: bf16[8,16], b: bf16[16,4]) -> f32[8,4] {",
+      "  %a = bf16[8,16]{1,0} parameter(0)", "  %b = bf16[16,4]{1,0} parameter(1)",
+      "  ROOT %d = f32[8,4]{1,0} dot(%a, %b), lhs_contracting_dims={1}, "
+      "rhs_contracting_dims={0}, operand_precision={highest,highest}", "}"])
+  assert hlo.Module.from_text(text).matrix_unit_flops() == one   # bfloat16: one pass
