@@ -155,7 +155,8 @@ def manifold_muon_direction(w: jax.Array, g: jax.Array, *, solver: str = "auto",
     w, g: the point and the gradient (or its momentum), tall.
     solver: ``"auto"`` (default), ``"admm"``, ``"dual"`` (dual ascent, the paper's) or
       ``"reweighted"`` (the ``p × p`` fixed point).
-    steps: the solver's iterations (None: :data:`DEFAULT_STEPS`).
+    steps: the solver's iterations (None: 100 for ADMM, 30 for dual ascent, 10 for the
+      reweighted iteration).
     dual_rate: dual ascent's ``α``; rho: ADMM's ``ρ`` (both for ``g`` at unit Frobenius
       norm).
     msign_steps: the solvers' ``msign`` (dual ascent's, and ADMM's projection onto the
@@ -303,7 +304,8 @@ def manifold_muon(
       ADMM below), ``"admm"`` (converges for every shape), ``"dual"`` (the paper's dual
       ascent; slow where ``p`` is near ``n``) or ``"reweighted"``. Square matrices take
       the closed form.
-    steps: the solver's iterations (None: :data:`DEFAULT_STEPS`, per solver).
+    steps: the solver's iterations (None: 100 for ADMM, 30 for dual ascent, 10 for the
+      reweighted iteration).
     dual_rate: dual ascent's step ``α`` (for the gradient scaled to unit norm), decayed
       linearly to 0 over the iterations as in Bernstein (2025).
     rho: ADMM's penalty ``ρ`` (same scale).
