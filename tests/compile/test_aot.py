@@ -156,6 +156,12 @@ def test_traffic_by_scope_adds_up_to_xla_bytes_and_names_the_optimizer(data_repo
   assert "HBM traffic by scope" in data_report.table()
 
 
+def test_one_pass_products_count_once_on_the_matrix_unit(data_report):
+  t = data_report.train
+  assert t.matrix_unit_flops == pytest.approx(t.matmul_flops) and t.matmul_flops > 0
+  assert "matrix-unit FLOPs" not in data_report.table()
+
+
 def test_fsdp_shards_state_and_gathers(data_report, fsdp_report):
   params_and_state = lambda r: r.train.memory["arguments"]
   # Parameters (+ momentum-free SGD state) dominate the arguments: 4-way fsdp ≈ 1/4.
@@ -269,3 +275,8 @@ def test_the_qr_retractions_guards_are_counted_beside_the_step():
   assert t.guarded_flops - t.flops >= 2 * WIDTH ** 3 * depth / report.num_chips
   assert t.guarded_bytes_accessed > t.bytes_accessed
   assert "with every guard's fall-back" in report.table()
+  # On a TPU the manifold's float32 products run at HIGH (three bfloat16 passes) and the
+  # correction's Gram at HIGHEST (six): at least one 256 x 256 Gram product per chip costs
+  # two passes more than its count; the bfloat16 SGD step's products are one pass each.
+  assert t.matrix_unit_flops - t.matmul_flops >= 2 * (2 * WIDTH ** 3)
+  assert "matrix-unit FLOPs per step" in report.table()
