@@ -40,9 +40,10 @@ arms (``--arms``), each on the same model, data order and token budget:
 * ``stiefel_mlp`` — the reverse, the MLP constrained and attention on Muon: an assignment
   that leaves attention unconstrained, which Yoshihara found unstable.
 
-The constrained arms' AdamW group holds their scales (the matrices' magnitudes), so the
-probe tunes it for them as well, after the constrained group's rate; the
-``stiefel_attention`` / ``stiefel_mlp`` arms' Muon group takes the ``muon`` arm's rate.
+Every orthogonal arm's AdamW group (the embedding, the head, the gains, and a
+constrained arm's scales, the matrices' magnitudes) is probed as well, after the arm's own
+group; the ``stiefel_attention`` / ``stiefel_mlp`` arms' Muon group takes the ``muon``
+arm's rate.
 
 Every run records, at every evaluation, the largest pre-softmax attention logit of each
 layer (:meth:`~orthojax.models.TransformerLM.attention_logit_max`, on a fixed batch of
@@ -176,9 +177,11 @@ manifold_muon's."""
 
 def probed_groups(arm: str) -> tuple[str, ...]:
   """The rate groups the probe tunes for ``arm``, in order (the others take the ``adamw``
-  cell's rate, and the ``muon`` cell's for a Muon group): a constrained arm's own group,
-  then its AdamW group, which holds the scales."""
-  return {"muon": ("muon",), "muon_polar_express": ("muon",),
+  cell's rate, and the ``muon`` cell's for a Muon group): an orthogonal arm's own group,
+  then its AdamW group — the scales of a constrained arm, the embedding, head and gains
+  of every arm but ``adamw`` — which the probe found to want other rates than the AdamW
+  arm's once the hidden matrices are orthogonalized."""
+  return {"muon": ("muon", "adamw"), "muon_polar_express": ("muon", "adamw"),
           "stiefel_muon": ("stiefel", "adamw"), "manifold_muon": ("manifold", "adamw"),
           "stiefel_attention": ("manifold", "adamw"),
           "stiefel_mlp": ("manifold", "adamw")}.get(arm, ("adamw",))
@@ -453,8 +456,8 @@ class LanguageModel(_harness.Experiment):
     if self.rates:
       notes.append(f"learning rates per arm from {self.rates_source}: the lowest validation "
                    f"loss after {_PROBE_STEPS.value} steps (the run's schedule compressed); "
-                   f"the Muon arms' AdamW groups at the adamw arm's rate, the constrained "
-                   f"arms' (their scales) probed after their own group")
+                   f"every orthogonal arm's AdamW group (with a constrained arm's scales) "
+                   f"probed after its own group")
       for name, entry in self.rates["cells"].items():
         for group, probe in entry["probes"].items():
           notes.append(f"probe {name}, {RATE_GROUPS[group]} (validation loss): {probe['row']}")

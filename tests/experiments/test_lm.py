@@ -121,7 +121,8 @@ def test_the_probe_order_puts_an_arm_after_the_arms_its_rates_start_from():
   heterogeneous arms start from the muon arm's Muon rate, so its cell comes first."""
   assert lm.probed_groups("manifold_muon") == ("manifold", "adamw")
   assert lm.probed_groups("stiefel_muon") == ("stiefel", "adamw")
-  assert lm.probed_groups("muon") == ("muon",)
+  assert lm.probed_groups("muon") == ("muon", "adamw")
+  assert lm.probed_groups("adamw") == ("adamw",)
   assert lm.depends_on("stiefel_attention") == ("adamw", "muon")
   assert all(len(lm._GRIDS[g].default) >= 5 for g in ("muon", "stiefel", "manifold"))
 
