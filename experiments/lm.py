@@ -143,7 +143,8 @@ _GRIDS = {
     "stiefel": _harness.define_list("probe_rates_stiefel", (5e-3, 1e-2, 2e-2, 4e-2, 8e-2),
                                     "stiefel_muon rates the probe tries.", kind=float,
                                     check=lambda r: r > 0, requirement="must be > 0"),
-    "manifold": _harness.define_list("probe_rates_manifold", (5e-3, 1e-2, 2e-2, 4e-2, 8e-2),
+    "manifold": _harness.define_list("probe_rates_manifold_muon",
+                                     (5e-3, 1e-2, 2e-2, 4e-2, 8e-2),
                                      "manifold_muon rates the probe tries (the constrained "
                                      "matrices of the manifold_muon, stiefel_attention and "
                                      "stiefel_mlp arms).", kind=float,
