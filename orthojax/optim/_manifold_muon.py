@@ -76,7 +76,9 @@ shape          reweighted, 8 iterations (gap / tangent residual)
 =============  ====================================================
 
 ``solver="auto"`` (the default) takes the closed form below for square matrices, the
-reweighted iteration from ``n ≥ 4p`` on, and ADMM, right for every shape, between.
+reweighted iteration from ``n ≥ 4p`` on, and ADMM, right for every shape, between. In a
+padded bucket ``n`` is the bucket's (zero rows add at most 10 %,
+:data:`orthojax.linalg.PADDED_FLOPS`; they change neither ``N`` nor the solution).
 
 At a square ``W`` the tangent space is ``{WΩ : Ω skew}`` and the problem is
 ``min ⟨S, Ω⟩`` over skew ``Ω`` with ``‖Ω‖₂ ≤ 1``, ``S = skew(WᵀG)``: the unconstrained
