@@ -517,12 +517,59 @@ def summarize(records, base, info):
                  + "; ".join(f"{name} → {ratio:.2f}"
                              + (" (inside)" if abs(mean - ratio) <= half else "")
                              for name, ratio in PUBLISHED))
+  rows_, notes_ = moonshot(by_arm, budget, start_loss)
+  rows += rows_
+  notes += notes_
   notes.append(f"{tokens_per_step * budget / 1e6:.2f} M tokens per run "
                f"({budget} steps × {base.batch_size} × {base.data['context']}); nanoGPT's CPU "
                f"recipe reaches ≈ 1.88 validation loss on tiny Shakespeare (a different, five "
                f"times smaller text: a scale, not a target)")
   plots = [] if not _harness.is_writer() else plot(records, base, by_arm, tokens_per_step)
   return rows, notes, plots
+
+
+MOONSHOT_GAP = 0.01
+"""A constrained arm matches Muon when its final test loss is within this (nats) of the
+same seed's Muon run."""
+MOONSHOT_TIME = 1.5
+"""... at no more than this multiple of Muon's step time."""
+
+
+def moonshot(by_arm, budget: int, start_loss: float) -> tuple[list[Any], list[str]]:
+  """Each constrained arm against the ``muon`` arm, seed by seed: its final test loss minus
+  Muon's, the tokens it needs to reach Muon's final test loss over Muon's budget, and its
+  step time over Muon's; a note per arm says whether it matches Muon (within
+  :data:`MOONSHOT_GAP` at equal tokens, at most :data:`MOONSHOT_TIME` × Muon's step) or by
+  how much it misses."""
+  muon = by_arm.get("muon", {})
+  rows, notes = [], []
+  for arm in (a for a in by_arm if a in CONSTRAINED and muon):
+    seeds = sorted(set(by_arm[arm]) & set(muon))
+    if not seeds:
+      continue
+    runs = [(by_arm[arm][s], muon[s]) for s in seeds]
+    gaps = [r["test"]["loss"] - m["test"]["loss"] for r, m in runs]
+    reached = [steps_to_reach(r["eval_curve"], m["test"]["loss"], start_loss) for r, m in runs]
+    times = [r["step_seconds"] / m["step_seconds"] for r, m in runs]
+    rows.append(_harness.Row({"arm": arm}, "final test loss − Muon's (same seed)", gaps,
+                             note=f"matches within {MOONSHOT_GAP}"))
+    short = " (≥: a seed did not reach it)" if None in reached else ""
+    rows.append(_harness.Row({"arm": arm}, "tokens to Muon's final test loss / Muon's",
+                             [1.0 if t is None else t / budget for t in reached],
+                             note=short.strip()))
+    rows.append(_harness.Row({"arm": arm}, "step time / Muon's", times,
+                             note=f"at most {MOONSHOT_TIME}"))
+    gap, time = float(np.mean(gaps)), float(np.median(times))
+    half = 2 * analysis.standard_error(gaps) if len(gaps) > 1 else math.nan
+    met = gap <= MOONSHOT_GAP and time <= MOONSHOT_TIME
+    notes.append(f"{arm} against Muon: final test loss {gap:+.4f} ± {half:.4f} nats "
+                 f"({len(seeds)} paired seeds, mean ± 2 SE), step time {time:.2f}× — "
+                 + ("matches Muon" if met else "misses: " + ", ".join(
+                     m for m in ((f"{gap - MOONSHOT_GAP:.4f} nats over the {MOONSHOT_GAP} "
+                                  f"allowance" if gap > MOONSHOT_GAP else ""),
+                                 (f"{time:.2f}× Muon's step against {MOONSHOT_TIME}×"
+                                  if time > MOONSHOT_TIME else "")) if m)))
+  return rows, notes
 
 
 def plot(records, base, by_arm, tokens_per_step) -> list[str]:

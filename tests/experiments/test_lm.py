@@ -275,3 +275,29 @@ def test_an_unknown_tfds_text_set_is_one_line(bad_runs):
   proc, _ = bad_runs[-1]
   assert proc.returncode != 0
   assert "no_such_text_set" in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
+
+
+def test_the_moonshot_compares_each_constrained_arm_with_muon_seed_by_seed():
+  """Within 0.01 nats of the same seed's Muon run at ≤ 1.5× its step: a match; otherwise
+  the note says by how much each condition misses."""
+  def run(loss, seconds, curve):
+    return {"test": {"loss": loss}, "step_seconds": seconds, "eval_curve": curve}
+  by_arm = {"muon": {0: run(1.50, 0.10, [(100, 2.0), (200, 1.50)]),
+                     1: run(1.52, 0.10, [(100, 2.0), (200, 1.52)])},
+            "stiefel_attention": {0: run(1.505, 0.12, [(100, 1.9), (200, 1.505)]),
+                                  1: run(1.522, 0.12, [(100, 1.9), (200, 1.50)])},
+            "manifold_muon": {0: run(1.60, 0.16, [(100, 2.1), (200, 1.60)]),
+                              1: run(1.62, 0.16, [(100, 2.1), (200, 1.62)])},
+            "adamw": {0: run(1.7, 0.08, [(200, 1.7)])}}
+  rows, notes = lm.moonshot(by_arm, budget=200, start_loss=4.0)
+  gaps = {r.setting["arm"]: r.ours for r in rows if r.metric.startswith("final test loss")}
+  assert gaps["stiefel_attention"] == pytest.approx([0.005, 0.002])
+  tokens = {r.setting["arm"]: r.ours for r in rows if r.metric.startswith("tokens to Muon")}
+  assert tokens["manifold_muon"] == [1.0, 1.0]            # never reached: the budget
+  # Seed 1 crosses Muon's 1.52 between (100, 1.9) and (200, 1.50): at step 195.
+  assert tokens["stiefel_attention"][1] == pytest.approx(195 / 200)
+  assert "adamw" not in gaps
+  by_note = {n.split(" ")[0]: n for n in notes}
+  assert by_note["stiefel_attention"].endswith("matches Muon")
+  assert "0.0900 nats over the 0.01 allowance" in by_note["manifold_muon"]
+  assert "1.60× Muon's step against 1.5×" in by_note["manifold_muon"]
