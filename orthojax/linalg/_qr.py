@@ -24,6 +24,7 @@ from orthojax.linalg._lapack import per_matrix_on_cpu
 from orthojax.linalg._matrix_view import check_float
 from orthojax.linalg._matrix_view import compute_dtype
 from orthojax.linalg._precision import Precision, at_precision, roundoff
+from orthojax.linalg._rows import rows_partitioned
 
 
 def qr_orthonormalize(x: jax.Array) -> jax.Array:
@@ -96,9 +97,11 @@ def _cholesky_pass(x: jax.Array, gram: jax.Array) -> jax.Array:
   return _factor_and_solve(gram, x)
 
 
-_factor_and_solve = per_matrix_on_cpu(
+# Row-local in x: a matrix split by rows over devices stays split through the solve
+# (linalg._rows), as it does through the Gram product before it.
+_factor_and_solve = rows_partitioned(per_matrix_on_cpu(
     lambda gram, x: jax.lax.linalg.triangular_solve(
-        jnp.linalg.cholesky(gram), x, left_side=False, lower=True, transpose_a=True))
+        jnp.linalg.cholesky(gram), x, left_side=False, lower=True, transpose_a=True)))
 
 
 _PROBES = 8   # probe vectors of cholesky_qr2's one-pass test

@@ -6,6 +6,8 @@ steps from the same point, and compares the updates and the state
 (``oj.optim.replicated_state``) leaf by leaf.
 """
 
+import collections
+
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -15,6 +17,7 @@ import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 import orthojax as oj
+from orthojax.compile import hlo
 from orthojax.optim.execution import owners as _owners
 
 STACKED = oj.linalg.MatrixView.stacked()
@@ -407,3 +410,30 @@ def test_on_the_nnx_optimizer_path_the_plan_follows_the_recorded_views():
   got = nnx.to_pure_dict(nnx.state(sharded, nnx.Param))
   want = nnx.to_pure_dict(nnx.state(replicated, nnx.Param))
   jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6), got, want)
+
+
+ROW_SPLIT = {
+    **{name: OPTIMIZERS[name] for name in ("radam-fused-qr", "rsgd-momentum",
+                                           "radam-fused-cayley", "muon", "stiefel_muon")},
+    # The QR retraction; the default polar one takes an SVD, which is not row-local.
+    "projected_gradient-qr": lambda: oj.optim.projected_gradient(
+        optax.adam(1e-2), oj.manifolds.Stiefel("qr"), views=VIEWS),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROW_SPLIT))
+def test_a_row_split_matrix_is_never_gathered_inside_its_update(name):
+  """Split by rows, a tall matrix's update all-reduces ``p x p`` Gram matrices and never
+  gathers the matrix (CholeskyQR's triangular solve kept split: linalg._rows); counted in
+  the step no guard fires in (Householder's fall-back gathers it, as it must)."""
+  mesh = _mesh(8)
+  params = jax.device_put(_params(jnp.float32, {"tall": (256, 16), "wide": (6, 20)}),
+                          NamedSharding(mesh, P()))
+  tx = oj.optim.shard_update(ROW_SPLIT[name](), mesh, views=VIEWS, split_above=1.0)
+  state = jax.jit(tx.init)(params)
+  text = jax.jit(tx.update).lower(params, state, params).compile().as_text()
+  module = hlo.Module.from_text(text, branches="cheapest")
+  ops = collections.Counter((ins.op.removesuffix("-start"), ins.type.split("{")[0])
+                            for ins, _, _ in module.instructions())
+  assert ops[("all-gather", "f32[256,16]")] == 0, ops
+  assert ops[("all-reduce", "f32[16,16]")] >= 1, ops   # the Gram matrices, summed

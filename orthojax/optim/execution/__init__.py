@@ -55,7 +55,11 @@ all-reduce of a ``p x p`` partial product (a Gram matrix) per contracted product
 *inside* the Newton–Schulz / Cayley iterations — the very collectives whole-matrix
 ownership avoids (goodfire-ai/spd measured a 3.3x step-time loss when every matrix
 was split that way), which is why it is opt-in and meant for the few largest
-matrices only.
+matrices only. Split along the long side, such a matrix is never gathered by the
+update: the row-local maps the compiler cannot see through (CholeskyQR's triangular
+solve) state their row locality (``orthojax.linalg._rows``). Maps that are not row-local
+do gather it: an SVD (the "polar" retraction; "newton_schulz" or "qr" stay split), and
+Householder QR, CholeskyQR2's rare fall-back.
 
 Execution: see ``orthojax.optim.execution.sharded``. No collective runs inside an
 orthogonalization: the only collectives the wrapper adds are the all-gathers of the
