@@ -76,9 +76,14 @@ shape          reweighted, 8 iterations (gap / tangent residual)
 =============  ====================================================
 
 ``solver="auto"`` (the default) takes the closed form below for square matrices, the
-reweighted iteration from ``n ≥ 4p`` on, and ADMM, right for every shape, between. In a
-padded bucket ``n`` is the bucket's (zero rows add at most 10 %,
-:data:`orthojax.linalg.PADDED_FLOPS`; they change neither ``N`` nor the solution).
+reweighted iteration from ``n ≥ 4p`` on, and ADMM, right for every shape, between. So the
+solver, and at a fixed iteration count its answer, depend on a matrix's shape: the
+matrices are bucketed by exact shape (``bucket="shape"``, the default here, unlike the
+library's other optimizers). Zero rows change neither ``N`` nor the solution, but in a
+padded bucket (``bucket="pad"``) a square matrix padded with a taller one would take an
+iterative solver and differ from its closed form by that solver's unconverged error, and
+an owner-sharded update, whose owners bucket other matrices together, would differ from
+the replicated one by as much.
 
 At a square ``W`` the tangent space is ``{WΩ : Ω skew}`` and the problem is
 ``min ⟨S, Ω⟩`` over skew ``Ω`` with ``‖Ω‖₂ ≤ 1``, ``S = skew(WᵀG)``: the unconstrained
@@ -247,7 +252,7 @@ def _admm(w, g, steps, rho, msign_steps):
 def scale_by_manifold_muon(*, solver: str = "auto", steps: int | None = None,
                            dual_rate: float = 0.05, rho: float = 0.3,
                            msign_steps: int | None = None, views: Any = None,
-                           bucket: str = "pad") -> optax.GradientTransformation:
+                           bucket: str = "shape") -> optax.GradientTransformation:
   """The direction ``A'`` of each matrix (module docstring) in place of its update; the
   arguments are :func:`manifold_muon_direction`'s."""
   check_solver("scale_by_manifold_muon", solver)
@@ -291,7 +296,7 @@ def manifold_muon(
     msign_steps: int | None = None,
     retraction: str = "polar",
     views: Any = None,
-    bucket: str = "pad",
+    bucket: str = "shape",
 ) -> optax.GradientTransformation:
   """Manifold Muon: momentum, the spectral-norm steepest descent direction in the tangent
   space (:func:`manifold_muon_direction`), the rate, a retraction.
@@ -318,7 +323,8 @@ def manifold_muon(
       the paper's).
     views: per-leaf matrix views; None: those the parameters' Variables record, read at
       ``init`` on the ``nnx.Optimizer`` path, else inferred.
-    bucket: how the matrices are stacked (:data:`orthojax.linalg.BUCKETS`).
+    bucket: how the matrices are stacked (:data:`orthojax.linalg.BUCKETS`); "shape" by
+      default, since the solver depends on the shape (module docstring).
 
   Returns:
     A :class:`orthojax.optim.ManifoldTransformation`.

@@ -79,7 +79,7 @@ class MeshConfig:
   each matrix's orthogonalizing update is computed once, by its owner device
   (:func:`orthojax.optim.shard_update`); false replicates the update on every device.
   ``split_above``: with ``shard_update``, a single matrix whose update costs more than this
-  multiple of the mean owner load is updated by all owners together, one side of it split
+  multiple of the mean owner load is updated by all owners together, its rows split
   over them (:func:`orthojax.optim.shard_update`'s ``split_above``); None splits nothing."""
 
   data: int = -1

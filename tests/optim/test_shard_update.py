@@ -160,13 +160,14 @@ def test_a_striped_stack_with_a_short_tail_beside_a_matrix(name):
 # - owner-sharded equals replicated (SHAPES: a wide Dense kernel, a conv kernel, a stack
 #   with fewer layers than devices, one whose 13 layers 8 does not divide), to 2e-6;
 # - split matrices equal replicated (SPLIT: a tall Dense kernel split along its rows, a
-#   wide 1 x 1 conv kernel along its output channels), to 1e-5: partial sums over 8
+#   wide 1 x 1 conv kernel along its output channels, a 3 x 3 conv kernel along its input
+#   channels, moved to the front for the update: its rows permuted), to 1e-5: partial sums over 8
 #   devices round differently, and after two Cayley / QR retractions entries of size ~0.1
 #   differ by a few 1e-6;
 # - bfloat16 (a wide kernel and an odd stack in bfloat16), to one bfloat16 ulp.
 # split_above=1 splits only the two large kernels (the layout is checked below); the
 # whole leaves take the owner path the default (no split) takes.
-SPLIT = {"tall": (64, 16), "wide_conv": (1, 1, 16, 96)}
+SPLIT = {"tall": (128, 16), "wide_conv": (1, 1, 16, 96), "k3": (3, 3, 16, 16)}
 MIXED = {**SHAPES, **SPLIT}
 BF16 = {"wide_bf16": (6, 20), "odd_bf16": (13, 12, 12)}
 
@@ -186,7 +187,8 @@ def test_sharded_and_split_equal_replicated_in_float32_and_bfloat16(name):
                    atol=1e-5, split=tuple(SPLIT))
   layout = _node(state).layout
   names = sorted(params)
-  assert {(names[s.index], s.axis) for s in layout.split} == {("tall", 0), ("wide_conv", 3)}
+  assert {(names[s.index], s.axis, s.front) for s in layout.split} == {
+      ("tall", 0, 0), ("wide_conv", 3, 3), ("k3", 2, 0)}
   assert {names[leaf.index] for leaf in layout.leaves} == set(params) - set(SPLIT)
   assert {d for d, _ in layout.state_lengths} >= {"float32", "bfloat16"} or name == "landing"
   # Their param-shaped state (moments, momentum; landing keeps none) is split like
@@ -206,17 +208,20 @@ def test_split_matrices_in_bfloat16_and_on_data_times_fsdp(name, dtype):
   _compare(OPTIMIZERS[name], _mesh(2, 4), dtype, params, split_above=1.0)
 
 
-def test_the_split_axis_keeps_the_views_reshape_in_blocks():
-  """The outermost axis of a side longer than 1: a 1 x 1 projection on its output
-  channels (its long side); a 3 x 3 kernel, whose long side (3, 3, cin) starts with a 3,
-  on its output channels (the short side); a kernel with no axis 8 divides: not split."""
+def test_the_split_axis_is_on_the_long_side_and_keeps_the_views_reshape_in_blocks():
+  """Split by rows: the outermost axis of the view's long side that 8 divides. A 1 x 1
+  projection on its output channels (its long side); a 3 x 3 kernel, whose long side
+  (3, 3, cin) starts with a 3, on its input channels, moved to the front of that side
+  for the update; a kernel with no such axis (its short side would divide) stays whole."""
   params = {name: jax.ShapeDtypeStruct(shape, jnp.float32) for name, shape in
-            {"proj": (1, 1, 16, 64), "k3": (3, 3, 16, 16), "odd": (3, 3, 12, 12),
+            {"proj": (1, 1, 16, 64), "k3": (3, 3, 16, 16), "odd": (3, 3, 12, 16),
              "tall": (64, 16)}.items()}
   layout = oj.optim.plan(oj.optim.muon(1e-2), params, num_owners=8, split_above=0.01)
   names = sorted(params)
-  assert {names[s.index]: s.axis for s in layout.split} == {"proj": 3, "k3": 3, "tall": 0}
-  assert layout.split_spec(names.index("k3")) == P(None, None, None, ("data", "fsdp"))
+  assert {names[s.index]: (s.axis, s.front) for s in layout.split} == {
+      "proj": (3, 3), "k3": (2, 0), "tall": (0, 0)}
+  assert [s.moved for s in layout.split if names[s.index] == "k3"] == [True]
+  assert layout.split_spec(names.index("k3")) == P(None, None, ("data", "fsdp"), None)
 
 
 def test_split_above_is_checked():

@@ -47,9 +47,9 @@ the most loaded device below the largest matrix (ResNet-50's ``1 x 1 x 1024 x 20
 projection kernel is 19 % of its conv kernels' update cost, 3.1x the mean load on 16
 owners). A single matrix above ``split_above`` times the mean owner load (and with an
 axis to split, see :func:`plan`) is instead updated by all owners together: its
-gradient, parameter and param-shaped state are constrained to have one side of the
-matrix view (the long one where it divides) split over the owner axes, and the
-compiler (GSPMD) partitions the wrapped transformation's products. Each owner then
+gradient, parameter and param-shaped state are constrained to have the matrix view's
+long side (its rows) split over the owner axes, and the compiler (GSPMD) partitions
+the wrapped transformation's products. Each owner then
 does ``1/N`` of the ``n``-long work and repeats the ``p x p`` work; the price is an
 all-reduce of a ``p x p`` partial product (a Gram matrix) per contracted product,
 *inside* the Newton–Schulz / Cayley iterations — the very collectives whole-matrix

@@ -54,18 +54,27 @@ class OwnerState:
 
 @dataclasses.dataclass(frozen=True)
 class SplitMatrix:
-  """A single matrix all owners update together (``split_above``).
+  """A single matrix all owners update together (``split_above``), split by rows.
 
   Attributes:
     index: its position among the params' leaves.
-    axis: the parameter axis split over the owner axes (the outermost axis of a
-      side of the matrix view, as :func:`orthojax.optim.shard_update` describes).
+    axis: the parameter axis split over the owner axes: an axis of the matrix view's
+      long side (its rows, as :func:`orthojax.optim.plan` describes).
     cost: the modelled cost each owner carries (:func:`orthojax.optim.split_cost`).
+    front: where the update moves ``axis`` to — the first axis of its side — when it is
+      an inner one (a 3 x 3 kernel's input channels), so that the view's reshape keeps
+      the rows split in blocks; ``axis`` itself when it already is the first.
   """
 
   index: int
   axis: int
   cost: float
+  front: int | None = None
+
+  @property
+  def moved(self) -> bool:
+    """Whether the update sees the matrix with ``axis`` moved to ``front``."""
+    return self.front is not None and self.front != self.axis
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -25,8 +25,8 @@ devices 12 or 13. Deterministic: ties go to the lower device index.
 Splitting (:func:`split_matrices`, opt-in): whole-matrix ownership cannot bring
 the most loaded owner below the largest single matrix. A single matrix whose
 cost is above ``split_above`` times the mean owner load is taken out of the
-assignment and updated by all owners together, one side of its matrix view
-split over them; each then carries :func:`split_cost` of it.
+assignment and updated by all owners together, the long side of its matrix view
+(its rows) split over them; each then carries :func:`split_cost` of it.
 """
 
 from __future__ import annotations

@@ -70,11 +70,10 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
       ``("data", "fsdp")`` the mesh has). Devices along other axes (``model``)
       repeat their owner's work.
     split_above: split a single matrix whose modelled cost is above this multiple
-      of the mean owner load over all owners (one axis sharded: the outermost axis
-      longer than 1 of its view's long side, or of the short side where that one's
-      does not divide by the owner count; the products partitioned by the
-      compiler, with collectives inside its iterations; see the
-      ``orthojax.optim.execution`` overview). ``None`` (default): every matrix has one
+      of the mean owner load over all owners, by rows (the outermost axis of its
+      view's long side that the owner count divides, :func:`orthojax.optim.plan`; the
+      products partitioned by the compiler, with ``p x p`` all-reduces inside its
+      iterations; see the ``orthojax.optim.execution`` overview). ``None`` (default): every matrix has one
       owner and no collective runs inside an orthogonalization.
     stripe_stacks: stripe every stacked leaf over all owners
       (:func:`orthojax.optim.assign_owners`), so that its gradient, parameter and update
@@ -155,15 +154,44 @@ def _update(tx: optax.GradientTransformation, layout: UpdateLayout, mesh: Any, u
             state: ShardedUpdateState, params: Any) -> tuple[Any, ShardedUpdateState]:
   """The replicated leaves' update as ``tx``'s, the owners' in a ``shard_map``, merged."""
   g_leaves, p_leaves = _leaves_in(layout, mesh, updates, params)
-  rest_updates, rest_state = tx.update(layout.replicated_tree(g_leaves),
-                                       _constrain_split(layout, mesh, state.replicated),
-                                       layout.replicated_tree(p_leaves))
-  rest_state = _constrain_split(layout, mesh, rest_state)
-  out = list(layout.params_treedef.flatten_up_to(rest_updates))
+  moved = [s for s in layout.split if s.moved]
+  rest_updates, rest_state = tx.update(
+      layout.replicated_tree(_move_leaves(moved, g_leaves)),
+      _move_state(layout, moved, _constrain_split(layout, mesh, state.replicated)),
+      layout.replicated_tree(_move_leaves(moved, p_leaves)))
+  rest_state = _constrain_split(layout, mesh, _move_state(layout, moved, rest_state, back=True))
+  out = _move_leaves(moved, layout.params_treedef.flatten_up_to(rest_updates), back=True)
   owned_updates, rows = _owners_update(tx, layout, mesh, g_leaves, p_leaves, state.owned)
   for leaf, u in zip(layout.leaves, owned_updates):
     out[leaf.index] = u
   return layout.params_treedef.unflatten(out), ShardedUpdateState(rows, rest_state, layout)
+
+
+def _move_leaves(moved: Sequence[Any], leaves: Sequence[Any], back: bool = False
+                 ) -> list[Any]:
+  """``leaves`` with each moved split matrix's split axis at the front of its side (the
+  rows permuted, split in blocks: :func:`orthojax.optim.plan`), or ``back``."""
+  out = list(leaves)
+  for s in moved:
+    src, dst = (s.front, s.axis) if back else (s.axis, s.front)
+    out[s.index] = jnp.moveaxis(out[s.index], src, dst)
+  return out
+
+
+def _move_state(layout: UpdateLayout, moved: Sequence[Any], rest: Any, back: bool = False
+                ) -> Any:
+  """The replicated state with the moved split matrices' param-shaped state moved like
+  them (:func:`_move_leaves`)."""
+  if not moved:
+    return rest
+  by_index = {s.index: s for s in moved}
+  positions = {k: by_index[role] for k, role in layout.split_positions().items()
+               if role in by_index}
+  leaves, treedef = flatten(rest)
+  for k, s in positions.items():
+    src, dst = (s.front, s.axis) if back else (s.axis, s.front)
+    leaves[k] = jnp.moveaxis(leaves[k], src, dst)
+  return treedef.unflatten(leaves)
 
 
 def _leaves_in(layout: UpdateLayout, mesh: Any, updates: Any, params: Any
