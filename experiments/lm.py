@@ -116,15 +116,13 @@ PUBLISHED = (
 ADAMW = {"name": "adamw", "b1": 0.9, "b2": 0.95, "weight_decay": 0.0}
 MUON = {"name": "muon", "beta": 0.95, "nesterov": True, "ns_steps": 5, "adam_b2": 0.95}
 MANIFOLD_MUON = {"name": "manifold_muon", "beta": 0.95, "nesterov": True, "steps": 5,
-                 "msign_steps": 8, "retraction": "newton_schulz", "bucket": "pad"}
+                 "msign_steps": 8, "retraction": "newton_schulz"}
 """manifold_muon as the constrained arms run it, chosen by the update's time on the 2-core
 CPU (the 4 × 128 model, every hidden matrix constrained; Muon's update 21 ms): the default
 (10 reweighted iterations on the 512 × 128 MLP matrices, SVD msigns for the square ones,
 polar retraction) 204 ms; 5 iterations (objective within 6.4e-5 of the solution on 512 ×
 128), 8 Polar Express steps per msign and a retraction from products (QR or Newton–Schulz
-polar, the same time) 96–111 ms. ``bucket="pad"``, the optimizer's default when E8 was
-run: this model's hidden matrices are 128 × 128 and 512 × 128, too far apart to share a
-padded bucket, so it computes what "shape" (the default since) does."""
+polar, the same time) 96–111 ms."""
 LOGIT_WINDOWS = 32
 """Validation windows of the fixed batch the attention logits are measured on."""
 

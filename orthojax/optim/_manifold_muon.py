@@ -76,14 +76,12 @@ shape          reweighted, 8 iterations (gap / tangent residual)
 =============  ====================================================
 
 ``solver="auto"`` (the default) takes the closed form below for square matrices, the
-reweighted iteration from ``n ≥ 4p`` on, and ADMM, right for every shape, between. So the
-solver, and at a fixed iteration count its answer, depend on a matrix's shape: the
-matrices are bucketed by exact shape (``bucket="shape"``, the default here, unlike the
-library's other optimizers). Zero rows change neither ``N`` nor the solution, but in a
-padded bucket (``bucket="pad"``) a square matrix padded with a taller one would take an
-iterative solver and differ from its closed form by that solver's unconverged error, and
-an owner-sharded update, whose owners bucket other matrices together, would differ from
-the replicated one by as much.
+reweighted iteration from ``n ≥ 4p`` on, and ADMM, right for every shape, between, each
+chosen from the matrix's own shape. A padded bucket (``bucket="pad"``) holds matrices of
+one solver only, so its zero rows change neither ``N`` nor the iterates: a square matrix
+padded with taller ones would otherwise lose its closed form for an unconverged
+iteration, and its direction would depend on which matrices share its bucket (an
+owner-sharded update's owners bucket them differently from the replicated update).
 
 At a square ``W`` the tangent space is ``{WΩ : Ω skew}`` and the problem is
 ``min ⟨S, Ω⟩`` over skew ``Ω`` with ``‖Ω‖₂ ≤ 1``, ``S = skew(WᵀG)``: the unconstrained
@@ -149,6 +147,15 @@ def chosen_solver(solver: str, n: int, p: int) -> str:
   if solver != "auto":
     return solver
   return "reweighted" if n >= REWEIGHTED_FROM * p else "admm"
+
+
+def _solver_for(solver: str, x: Any, view: Any) -> str | None:
+  """What solves a leaf's direction: ``"square"`` (the closed form), the solver
+  :func:`chosen_solver` names for its tall ``n × p`` view, or None (no matrix view)."""
+  if view is False or jnp.ndim(x) < 2:
+    return None
+  lo = linalg.layout(jnp.shape(x), view)
+  return "square" if lo.n == lo.p else chosen_solver(solver, lo.n, lo.p)
 
 
 def manifold_muon_direction(w: jax.Array, g: jax.Array, *, solver: str = "auto",
@@ -252,7 +259,7 @@ def _admm(w, g, steps, rho, msign_steps):
 def scale_by_manifold_muon(*, solver: str = "auto", steps: int | None = None,
                            dual_rate: float = 0.05, rho: float = 0.3,
                            msign_steps: int | None = None, views: Any = None,
-                           bucket: str = "shape") -> optax.GradientTransformation:
+                           bucket: str = "pad") -> optax.GradientTransformation:
   """The direction ``A'`` of each matrix (module docstring) in place of its update; the
   arguments are :func:`manifold_muon_direction`'s."""
   check_solver("scale_by_manifold_muon", solver)
@@ -263,16 +270,29 @@ def scale_by_manifold_muon(*, solver: str = "auto", steps: int | None = None,
     def update_fn(updates, state, params=None):
       require_params("scale_by_manifold_muon", params)
 
-      def leaf(w, g, view):
-        lo = linalg.layout(w.shape, view)
-        dtype = linalg.compute_dtype(jnp.result_type(w, g))
-        a = manifold_muon_direction(lo.to_tall(w.astype(dtype)), lo.to_tall(g.astype(dtype)),
-                                    solver=solver, steps=steps, dual_rate=dual_rate,
-                                    rho=rho, msign_steps=msign_steps)
-        return lo.from_tall(a).astype(g.dtype)
+      def solving(chosen):
+        def leaf(w, g, view):
+          lo = linalg.layout(w.shape, view)
+          dtype = linalg.compute_dtype(jnp.result_type(w, g))
+          a = manifold_muon_direction(lo.to_tall(w.astype(dtype)),
+                                      lo.to_tall(g.astype(dtype)), solver=chosen,
+                                      steps=steps, dual_rate=dual_rate, rho=rho,
+                                      msign_steps=msign_steps)
+          return lo.from_tall(a).astype(g.dtype)
+        return leaf
 
+      # The solver follows each matrix's own shape, so a padded bucket never mixes two:
+      # one map per solver (a square matrix padded into a taller bucket would lose its
+      # closed form, and the result would depend on which matrices share its bucket).
+      leaves, treedef = jax.tree_util.tree_flatten(params)
+      chosen = [_solver_for(solver, x, view)
+                for x, view in zip(leaves, linalg.views_for(params, views))]
+      out = updates
       with jax.default_matmul_precision("highest"):
-        out = linalg.map_views(leaf, params, updates, views=views, bucket=bucket)
+        for name in sorted(set(chosen) - {None}):
+          mask = treedef.unflatten([c == name for c in chosen])
+          out = linalg.map_views(solving(solver if name == "square" else name), params, out,
+                                 views=views, mask=mask, bucket=bucket)
       return out, state
 
     def init_fn(params):
@@ -296,7 +316,7 @@ def manifold_muon(
     msign_steps: int | None = None,
     retraction: str = "polar",
     views: Any = None,
-    bucket: str = "shape",
+    bucket: str = "pad",
 ) -> optax.GradientTransformation:
   """Manifold Muon: momentum, the spectral-norm steepest descent direction in the tangent
   space (:func:`manifold_muon_direction`), the rate, a retraction.
@@ -323,8 +343,7 @@ def manifold_muon(
       the paper's).
     views: per-leaf matrix views; None: those the parameters' Variables record, read at
       ``init`` on the ``nnx.Optimizer`` path, else inferred.
-    bucket: how the matrices are stacked (:data:`orthojax.linalg.BUCKETS`); "shape" by
-      default, since the solver depends on the shape (module docstring).
+    bucket: how the matrices are stacked (:data:`orthojax.linalg.BUCKETS`).
 
   Returns:
     A :class:`orthojax.optim.ManifoldTransformation`.

@@ -143,6 +143,25 @@ def test_the_optimizer_keeps_the_manifold_and_buckets_equal_per_leaf():
   assert oj.optim.keeps_manifold(oj.optim.manifold_muon(0.05))
 
 
+@pytest.mark.parametrize("shapes", [((12, 12), (13, 12)), ((47, 12), (48, 12))],
+                         ids=["square-beside-admm", "admm-beside-reweighted"])
+def test_a_padded_bucket_never_mixes_solvers(shapes):
+  """Two matrices of one small side, close enough to share a padded bucket, whose own
+  shapes choose different solvers (the closed form and ADMM; ADMM below n = 4p, the
+  reweighted iteration from it): each keeps its own, so the padded run equals the
+  per-leaf one to rounding at 3 iterations, far from converged (mixed, the square one
+  was off by 0.44)."""
+  keys = jax.random.split(jax.random.key(7), 4)
+  params = {"first": Stiefel().random(keys[0], shapes[0]),
+            "second": Stiefel().random(keys[1], shapes[1])}
+  grads = {k: jax.random.normal(key, p.shape) for (k, p), key in zip(params.items(), keys[2:])}
+  run = lambda bucket: oj.optim.scale_by_manifold_muon(steps=3, bucket=bucket).update(
+      grads, optax.EmptyState(), params)[0]
+  pad, leaf = run("pad"), run("per_leaf")
+  for k in params:
+    np.testing.assert_allclose(pad[k], leaf[k], rtol=1e-5, atol=1e-6)
+
+
 def test_bad_arguments_are_one_line():
   with pytest.raises(ValueError, match="^manifold_muon: .*beta"):
     oj.optim.manifold_muon(0.1, beta=1.5)
