@@ -97,11 +97,28 @@ def _cholesky_pass(x: jax.Array, gram: jax.Array) -> jax.Array:
   return _factor_and_solve(gram, x)
 
 
-# Row-local in x: a matrix split by rows over devices stays split through the solve
-# (linalg._rows), as it does through the Gram product before it.
-_factor_and_solve = rows_partitioned(per_matrix_on_cpu(
+def _solve_by_inverse(gram: jax.Array, x: jax.Array) -> jax.Array:
+  """``x R⁻¹`` as ``x`` times the ``p × p`` inverse: ``R = Lᵀ`` (``L = chol(gram)``), so
+  ``R⁻¹ = (L⁻¹)ᵀ``, ``L⁻¹`` from a triangular solve of the identity."""
+  lower = jnp.linalg.cholesky(gram)
+  eye = jnp.broadcast_to(jnp.eye(gram.shape[-1], dtype=gram.dtype), gram.shape)
+  inverse = jax.lax.linalg.triangular_solve(lower, eye, left_side=True, lower=True)
+  return jnp.matmul(x, jnp.swapaxes(inverse, -1, -2))
+
+
+# A matrix split by rows over devices must stay split through the solve, as it does
+# through the Gram product before it; the compiler gathers it for a triangular solve.
+# On a CPU: LAPACK's solve, its row locality stated (linalg._rows). On an accelerator:
+# a product with the p x p inverse, which the compiler partitions by rows itself (the
+# TPU compiler expands its triangular solves into such products anyway, and libtpu's
+# compile-only plugin has no partitioner for custom_partitioning's calls).
+_solve_on_cpu = rows_partitioned(per_matrix_on_cpu(
     lambda gram, x: jax.lax.linalg.triangular_solve(
         jnp.linalg.cholesky(gram), x, left_side=False, lower=True, transpose_a=True)))
+
+
+def _factor_and_solve(gram: jax.Array, x: jax.Array) -> jax.Array:
+  return jax.lax.platform_dependent(gram, x, cpu=_solve_on_cpu, default=_solve_by_inverse)
 
 
 _PROBES = 8   # probe vectors of cholesky_qr2's one-pass test

@@ -16,6 +16,13 @@ the matrix twice per step. :func:`rows_partitioned` states the row locality with
 replicated, each device runs the map on its rows. Without a mesh, and in
 ``jax.export``, it is the map itself. Differentiation and ``jax.vmap`` go through the
 map itself as well (``custom_partitioning`` has neither rule), so it is a drop-in.
+
+Where: CholeskyQR's solve on a CPU (:func:`orthojax.linalg.cholesky_qr2`). A compile for
+TPU devices without the TPU (``jax.experimental.topologies``) cannot partition a
+``custom_partitioning`` call — libtpu's compile-only plugin has no partitioner for it
+("Custom emitter for CustomSPMDPartitioning not found") — so on accelerators the solve
+is a product with ``R``'s ``p × p`` inverse instead, which the compiler partitions by
+rows itself.
 """
 
 from __future__ import annotations

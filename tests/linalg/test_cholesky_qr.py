@@ -127,3 +127,26 @@ def test_the_one_pass_test_estimates_the_orthogonality_error(shape, cond):
     np.testing.assert_allclose(estimate, exact, rtol=0.25 if cond else 1.0)
   else:
     assert np.all(estimate > 0.5 * exact) and np.all(estimate < 3 * exact)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.parametrize("point", ["retraction", "conditioned_100"])
+def test_the_accelerator_solve_gives_the_same_q(name, dtype, point, monkeypatch):
+  """On a GPU or TPU the solve ``X R⁻¹`` is a product with ``R``'s ``p × p`` inverse (which
+  the compiler partitions by rows): the same Q as Householder to the same rounding as
+  LAPACK's solve, run here on the CPU by putting it in the solve's place."""
+  calls = []
+  monkeypatch.setattr(_qr, "_factor_and_solve",
+                      lambda gram, x: calls.append(1) or _qr._solve_by_inverse(gram, x))
+  with jax.enable_x64(dtype == jnp.float64):
+    rng = np.random.default_rng(3)
+    shape = SHAPES[name]
+    x = {"retraction": lambda: _retraction_point(rng, shape),
+         "conditioned_100": lambda: well_conditioned(rng, shape, cond=100.0)}[point]()
+    x = jnp.asarray(x, dtype)
+    q, reference = jax.jit(lambda x: linalg.cholesky_qr2(x))(x), linalg.qr_orthonormalize(x)
+    assert calls   # traced afresh with the accelerator solve in place
+    np.testing.assert_allclose(np.asarray(q, np.float64), np.asarray(reference, np.float64),
+                               atol=ATOL[dtype] * (10 if point == "conditioned_100" else 1))
+    assert orthonormality_error(q) < 50 * float(jnp.finfo(dtype).eps)
