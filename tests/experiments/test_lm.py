@@ -301,3 +301,18 @@ def test_the_moonshot_compares_each_constrained_arm_with_muon_seed_by_seed():
   assert by_note["stiefel_attention"].endswith("matches Muon")
   assert "0.0900 nats over the 0.01 allowance" in by_note["manifold_muon"]
   assert "1.60× Muon's step against 1.5×" in by_note["manifold_muon"]
+
+
+def test_the_medium_flagfile_trains_three_arms_at_rates_the_rates_file_holds():
+  """The second size's command: the medium config, the train stage alone, AdamW, Muon and
+  one constrained arm, 3 seeds, each arm's cell in the rates file it names."""
+  path = os.path.join(os.path.dirname(lm.__file__), "flags", "lm_medium.flags")
+  lines = [line.strip() for line in open(path) if line.strip() and not line.startswith("#")]
+  flags = dict(line.lstrip("-").split("=", 1) for line in lines)
+  assert flags["config"].endswith("lm.py:medium") and flags["stages"] == "train"
+  arms = flags["arms"].split(",")
+  assert arms[:2] == ["adamw", "muon"] and len(arms) == 3 and arms[2] in lm.CONSTRAINED
+  assert flags["num_seeds"] == "3"
+  rates = json.loads(open(os.path.join(os.path.dirname(path), "..", "..",
+                                       flags["rates_from"])).read())
+  assert {f"arm={arm}" for arm in arms} <= set(rates["cells"])
