@@ -185,7 +185,7 @@ def manifold_muon_direction(w: jax.Array, g: jax.Array, *, solver: str = "auto",
   if solver == "admm":
     return _admm(w, g, steps, rho, msign_steps)
   if solver == "reweighted":
-    return _reweighted(w, g, steps, rho, msign_steps)
+    return _reweighted(w, g, steps)
   dual_steps = steps
   lam = -0.25 * (t(w) @ g + t(g) @ w)
 
@@ -213,16 +213,17 @@ def clip_spectral(x: jax.Array, msign_steps: int | None = None) -> jax.Array:
   return 0.5 * (x + q - msign(y, msign_steps) @ (jnp.swapaxes(y, -1, -2) @ q))
 
 
-def _reweighted(w, g, steps, rho, msign_steps):
+def _reweighted(w, g, steps):
   """The ``p × p`` dual by the reweighted fixed point (module docstring): ``msign(M)`` at
   the last ``Σ``.
 
-  The fixed point assumes ``M = W K + N`` of full rank. Where an eigenvalue of ``MᵀM``
-  is at rounding level of the largest (a rank-deficient gradient), the batch is solved by
-  ADMM instead (:data:`DEFAULT_STEPS` iterations, a guarded branch: a healthy step does
-  not take it). Inverting that eigenvalue's rounding noise gave a direction of spectral
-  norm 1e14, which the retraction then collapsed (E8's ``stiefel_mlp`` arm lost a matrix
-  to it); the fixed point with the null directions left out is not tangent there.
+  ``(MᵀM)^{-1/2}`` comes from the eigenvalues of ``MᵀM``, floored at their rounding
+  level, ``p ε`` times the largest. Below it an eigenvalue is noise (a direction the
+  gradient leaves empty): the floor maps such a direction to a singular value below 1,
+  as Newton–Schulz does, where inverting the noise's square root gave a rank-1 gradient
+  a direction of spectral norm 3.5e13, which the retraction then collapsed (E8's
+  ``manifold_muon`` and ``stiefel_mlp`` arms each lost a matrix to it). Above the floor
+  nothing changes.
   """
   t = lambda x: jnp.swapaxes(x, -1, -2)
   c = t(w) @ g
@@ -231,28 +232,19 @@ def _reweighted(w, g, steps, rho, msign_steps):
   omega = linalg.skew(c)
 
   def inverse_sqrt(k):
-    # (MᵀM)^{-1/2} on M's range only: an eigenvalue at rounding level of the largest
-    # marks a null direction of M, which msign maps to 0.
     e, q = jnp.linalg.eigh(t(k) @ k + n_gram)
     floor = jnp.max(e, axis=-1, keepdims=True) * e.shape[-1] * jnp.finfo(e.dtype).eps
-    kept = e > jnp.maximum(floor, jnp.finfo(e.dtype).tiny)
-    return q, jnp.where(kept, jax.lax.rsqrt(jnp.where(kept, e, 1.0)), 0.0), kept
+    return q, jax.lax.rsqrt(jnp.maximum(e, jnp.maximum(floor, jnp.finfo(e.dtype).tiny)))
 
-  def iterate(_, state):
-    sigma, full = state
-    q, d, kept = inverse_sqrt(omega + sigma)
-    total = d[..., :, None] + d[..., None, :]
-    weight = jnp.where(total > 0, (d[..., :, None] - d[..., None, :])
-                       / jnp.where(total > 0, total, 1.0), 0.0)
-    return q @ ((t(q) @ omega @ q) * weight) @ t(q), full & jnp.all(kept)
+  def iterate(_, sigma):
+    q, d = inverse_sqrt(omega + sigma)
+    weight = (d[..., :, None] - d[..., None, :]) / (d[..., :, None] + d[..., None, :])
+    return q @ ((t(q) @ omega @ q) * weight) @ t(q)
 
-  sigma, full = jax.lax.fori_loop(0, steps, iterate, (jnp.zeros_like(omega), True))
+  sigma = jax.lax.fori_loop(0, steps, iterate, jnp.zeros_like(omega))
   k = omega + sigma
-  q, d, kept = inverse_sqrt(k)
-  full = full & jnp.all(kept)
-  a = (w @ k + normal) @ ((q * d[..., None, :]) @ t(q))
-  return linalg.guarded_cond(
-      full, lambda: a, lambda: _admm(w, g, DEFAULT_STEPS["admm"], rho, msign_steps))
+  q, d = inverse_sqrt(k)
+  return (w @ k + normal) @ ((q * d[..., None, :]) @ t(q))
 
 
 def _admm(w, g, steps, rho, msign_steps):
