@@ -106,33 +106,19 @@ def _solve_by_inverse(gram: jax.Array, x: jax.Array) -> jax.Array:
   return jnp.matmul(x, jnp.swapaxes(inverse, -1, -2))
 
 
-def _solve_by_triangular(gram: jax.Array, x: jax.Array) -> jax.Array:
-  """``x R⁻¹`` by a triangular solve with ``R = Lᵀ`` (``L = chol(gram)``): ``n p²`` flops."""
-  return jax.lax.linalg.triangular_solve(jnp.linalg.cholesky(gram), x, left_side=False,
-                                         lower=True, transpose_a=True)
-
-
 # A matrix split by rows over devices must stay split through the solve, as it does
 # through the Gram product before it; the compiler gathers it for a triangular solve.
 # On a CPU: LAPACK's solve, its row locality stated (linalg._rows). On an accelerator:
-# a product with the p x p inverse, which the compiler partitions by rows itself (libtpu's
-# compile-only plugin has no partitioner for custom_partitioning's calls). The product
-# costs 2 n p² + p³ flops against the solve's n p², so it is used only where x may be
-# split: not inside a shard_map over every mesh axis (an owner's own update,
-# optim.shard_update), where every operand is local.
-_solve_on_cpu = rows_partitioned(per_matrix_on_cpu(_solve_by_triangular))
+# a product with the p x p inverse, which the compiler partitions by rows itself (the
+# TPU compiler expands its triangular solves into such products anyway, and libtpu's
+# compile-only plugin has no partitioner for custom_partitioning's calls).
+_solve_on_cpu = rows_partitioned(per_matrix_on_cpu(
+    lambda gram, x: jax.lax.linalg.triangular_solve(
+        jnp.linalg.cholesky(gram), x, left_side=False, lower=True, transpose_a=True)))
 
 
 def _factor_and_solve(gram: jax.Array, x: jax.Array) -> jax.Array:
-  on_accelerator = _solve_by_triangular if _operands_are_local() else _solve_by_inverse
-  return jax.lax.platform_dependent(gram, x, cpu=_solve_on_cpu, default=on_accelerator)
-
-
-def _operands_are_local() -> bool:
-  """Whether this trace is inside a ``shard_map`` that is manual over every mesh axis, so
-  that no operand can be split across devices (JAX's trace state, not a setting)."""
-  mesh = jax.sharding.get_abstract_mesh()
-  return not mesh.empty and set(mesh.manual_axes) == set(mesh.axis_names)
+  return jax.lax.platform_dependent(gram, x, cpu=_solve_on_cpu, default=_solve_by_inverse)
 
 
 _PROBES = 8   # probe vectors of cholesky_qr2's one-pass test

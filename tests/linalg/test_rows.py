@@ -101,25 +101,3 @@ def test_on_a_tpu_a_row_split_cholesky_qr2_only_all_reduces_gram_matrices():
       for ins, _, _ in hlo.Module.from_text(text, branches="cheapest").instructions()
       if ins.op.removesuffix("-start") in hlo.COLLECTIVES)
   assert set(ops) == {("all-reduce", "f32[64,64]"), ("all-reduce", "f32[64,8]")}, ops
-
-
-@pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu not installed")
-def test_on_a_tpu_only_a_matrix_that_may_be_split_pays_for_the_inverse():
-  """Lowered for 4 abstract v5e chips: outside a ``shard_map`` the solve is a product with
-  ``R``'s ``p x p`` inverse (the only triangular solve is of the ``p x p`` identity); inside
-  one that is manual over every mesh axis (an owner's update) the operands are local and it
-  is the ``n p²`` triangular solve of ``X`` itself."""
-  devices = topology.Topology.parse("v5e:2x2").devices()
-  mesh = Mesh(np.array(devices).reshape(4), ("data",), axis_types=(AxisType.Auto,))
-  x = jax.ShapeDtypeStruct((4 * 96, 16), jnp.float32, sharding=NamedSharding(mesh, P("data")))
-  qr = lambda x: linalg.cholesky_qr2(x)
-  owned = jax.shard_map(qr, mesh=mesh, in_specs=P("data"), out_specs=P("data"),
-                        check_vma=False)
-
-  def solved_shapes(f):
-    text = jax.jit(f).lower(x).as_text()
-    return {line.split("->")[-1].strip() for line in text.splitlines()
-            if "triangular_solve" in line and "->" in line}
-
-  assert solved_shapes(qr) == {"tensor<16x16xf32>"}
-  assert solved_shapes(owned) == {"tensor<96x16xf32>"}
