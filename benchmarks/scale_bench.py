@@ -13,7 +13,9 @@ conv kernel):
   ``v5e:4x4``, ``v5e:8x8``, ``v4:2x2x4``; bn with radam (Stiefel, iterative
   Cayley) and with Muon on every conv kernel, at the paper's batch and at 256
   images per chip, on ``v5e:4x4``, ``v5e:8x8`` (and ``h100:1x1x8`` with the
-  ``gpu-compile`` extra); bn on an fsdp mesh; bn on 2 × v5e-16;
+  ``gpu-compile`` extra); bn on an fsdp mesh; bn on 2 × v5e-16; bn, radam and Muon
+  on ``v5e:16x16`` at both batches, for the optimizer's cost against the chip count
+  (16, 64, 256: :func:`chips_table`);
 * E2 VGG-6 on ImageNet32 at batch 256 (``v5e:2x4``: its eval batch of 1000
   does not split over 16 chips);
 * E5 200 × 400 tanh as its experiment compiles it (float32; the Euclidean
@@ -314,6 +316,14 @@ def _cases(quick: bool):
              e1("bn", *CONV_OPTIMIZERS[kind], split), topo, {})
       yield (f"E1 bn {CONV_KINDS[kind]} convs {topo} b{per_256} split",
              e1("bn", *big, *CONV_OPTIMIZERS[kind], split), topo, {})
+  # The optimizer's cost per chip as the chip count grows (chips_table): 16 and 64 chips
+  # above, 256 here, at the paper's batch (1 image per chip) and at 256 per chip.
+  for batch in ((), ("--config.batch_size=65536", "--config.optimizer.euclidean.learning_rate=1.6")):
+    tail = " b65536" if batch else ""
+    yield f"E1 bn v5e:16x16{tail}", e1("bn", *batch), "v5e:16x16", {}
+    for kind in ("radam", "muon"):
+      yield (f"E1 bn {CONV_KINDS[kind]} convs v5e:16x16{tail}",
+             e1("bn", *batch, *CONV_OPTIMIZERS[kind]), "v5e:16x16", {})
   if _cuda_plugin():   # the gpu-compile extra: deviceless H100 compiles
     yield "E1 bn h100:1x1x8", e1("bn"), "h100:1x1x8", {}
     yield "E1 gmp_imn h100:1x1x8", e1("gmp_imn"), "h100:1x1x8", {}
@@ -334,15 +344,10 @@ def _cuda_plugin() -> bool:
 def run(quick: bool = False, on_report: Callable[[str, aot.CompileReport], None] | None = None,
         only: str | None = None) -> list[Row]:
   """Compile every case into rows. ``only``: comma-separated; a part that is a case's
-  name selects that case, any other part every case whose name contains it."""
+  name selects that case, any other part every case whose name contains it; the cases
+  run in the order of the first part that selects each."""
   rows = []
-  cases = list(_cases(quick and not only))
-  names = {name for name, *_ in cases}
-  parts = [part for part in (only or "").split(",") if part]
-  wanted = lambda name: any(name == part if part in names else part in name for part in parts)
-  for name, config, topo, how in cases:
-    if parts and not wanted(name):
-      continue
+  for name, config, topo, how in selected(list(_cases(quick and not only)), only):
     if config.model.get("weights", "euclidean") != "euclidean":
       plan = owner_plan(config, topo)
       if plan is not None:
@@ -366,6 +371,20 @@ def run(quick: bool = False, on_report: Callable[[str, aot.CompileReport], None]
                       note=f"analytic {analytic / 1e9:.4g} GFLOP per example"))
   rows += _ratios()
   return rows
+
+
+def selected(cases: list[tuple[Any, ...]], only: str | None) -> list[tuple[Any, ...]]:
+  """The ``cases`` (name first) that ``only`` selects (all for None or ""): a part that
+  is a case's name selects it, any other part every case whose name contains it; in the
+  order of the first part that selects each."""
+  parts = [part for part in (only or "").split(",") if part]
+  if not parts:
+    return cases
+  names = {c[0] for c in cases}
+  selects = lambda part, name: name == part if part in names else part in name
+  first = {c[0]: min((k for k, part in enumerate(parts) if selects(part, c[0])), default=None)
+           for c in cases}
+  return sorted((c for c in cases if first[c[0]] is not None), key=lambda c: first[c[0]])
 
 
 # (case, baseline, what the ratio is, FLOPs bound, bytes bound or None): each
@@ -444,6 +463,34 @@ def _ratios() -> list[Row]:
   return out
 
 
+CHIP_COUNTS = (("v5e:4x4", 16, "b4096"), ("v5e:8x8", 64, "b16384"), ("v5e:16x16", 256, "b65536"))
+
+
+def chips_table(reports: dict[str, aot.CompileReport]) -> str:
+  """E1's optimizer cost per chip and step against the chip count: each optimizer's
+  compiled train step minus bn's (SGD) at the same batch, per chip, and as a share of
+  bn's step, for the cases compiled (``--only "E1 bn"`` with the three topologies)."""
+  head = ("| chips | batch per chip | optimizer | extra GFLOP per chip per step (share of bn's) "
+          "| extra GiB of HBM traffic per chip per step (share) | optimizer's collectives |")
+  lines = [head, "|" + "|".join("---" for _ in range(head.count("|") - 1)) + "|"]
+  for topo, chips, big in CHIP_COUNTS:
+    for tail in ("", f" {big}"):
+      base = reports.get(f"E1 bn {topo}{tail}")
+      for kind in ("radam", "muon"):
+        case = reports.get(f"E1 bn {CONV_KINDS[kind]} convs {topo}{tail}")
+        if base is None or case is None:
+          continue
+        a, b = case.train, base.train
+        coll = ", ".join(f"{k} {int(v['count'])}× ({v['bytes'] / 2 ** 20:.0f} MiB)"
+                         for k, v in sorted(a.optimizer_collectives.items())) or "none"
+        lines.append(
+            f"| {chips} | {case.per_chip_batch:g} | {CONV_KINDS[kind]} | "
+            f"{(a.flops - b.flops) / 1e9:.4g} ({a.flops / b.flops - 1:+.1%}) | "
+            f"{(a.bytes_accessed - b.bytes_accessed) / 2 ** 30:.3g} "
+            f"({a.bytes_accessed / b.bytes_accessed - 1:+.1%}) | {coll} |")
+  return "\n".join(lines)
+
+
 def markdown(reports: dict[str, aot.CompileReport], analytic: dict[str, float]) -> str:
   """One row per compiled job, as docs/scale.md shows them."""
   head = ("| job | topology | mesh (data × fsdp) | batch (global / chip) | HBM per chip, train "
@@ -492,6 +539,8 @@ def main(argv: list[str] | None = None) -> None:
   for r in rows:
     print(f"{r.case}: {r.value:.4g} {r.unit} {r.target} {r.status} {r.note}")
   print("\n" + markdown(REPORTS, ANALYTIC))
+  if any(topo in name for name in REPORTS for topo, _, _ in CHIP_COUNTS):
+    print("\n" + chips_table(REPORTS))
   missed = [r.case for r in rows if r.status == MISS]
   if missed:
     print(f"# {len(missed)} target(s) missed: " + "; ".join(missed))
