@@ -448,10 +448,13 @@ def _ratios() -> list[Row]:
              f"replicated; most loaded owner / mean: {p.load_max_over_mean:.2f}"))
     if name in REPORTS:
       coll = REPORTS[name].train.optimizer_collectives
-      # A split matrix's p x p all-reduces run inside its iterations by design.
+      maths = REPORTS[name].train.maths_collectives
+      # A split matrix's p x p all-reduces run inside its iterations by design; the
+      # owner-sharded update's sharing may be one all-reduce (orthojax.optim.plan).
       out.append(row(
-          SUITE, f"{name}: all-reduces the optimizer runs", coll.get("all-reduce", {}).get(
-              "count", 0), "", None if name.endswith(" split") else Target("<=", 0),
+          SUITE, f"{name}: all-reduces the optimizer's maths runs", maths.get(
+              "all-reduce", {}).get("count", 0), "",
+          None if name.endswith(" split") else Target("<=", 0),
           note="optimizer's collectives: " + (", ".join(
               f"{k} {int(v['count'])}× ({v['bytes'] / 2 ** 20:.0f} MiB)"
               for k, v in sorted(coll.items())) or "none")))

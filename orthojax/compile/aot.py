@@ -73,7 +73,10 @@ class StepReport:
       (``orthojax.compile.hlo.Module.traffic_by_scope``): ``loss_and_grad``,
       ``optimizer/<transformation>``, ``(compiler-inserted)``.
     optimizer_collectives: the collectives among those that the optimizer's ops
-      run (its scope), e.g. the owner-sharded update's one all-gather.
+      run (its scope), e.g. the owner-sharded update's one all-gather (or all-reduce).
+    maths_collectives: ``optimizer_collectives`` less the owner-sharded update's sharing
+      of the finished updates (scope ``owner_sharded``): those the optimizer's maths
+      runs, e.g. a row-split matrix's Gram all-reduces.
     guarded_flops: ``flops`` with every guarded ``lax.cond``
       (``orthojax.linalg.guarded_cond``) at its costliest branch, as XLA counts: a
       guard's fall-back included (CholeskyQR2's second pass and Householder QR, a
@@ -99,6 +102,7 @@ class StepReport:
   traffic_by_scope: dict[str, float] = dataclasses.field(default_factory=dict)
   xla_bytes_accessed: float = 0.0
   optimizer_collectives: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+  maths_collectives: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
   guarded_flops: float = 0.0
   guarded_bytes_accessed: float = 0.0
   matmul_flops: float = 0.0
@@ -127,6 +131,8 @@ class StepReport:
                collectives=unguarded.collectives(), unknown_loops=module.unknown_loops,
                traffic_by_scope=unguarded.traffic_by_scope(depth=3),
                optimizer_collectives=unguarded.collectives(scope="optimizer"),
+               maths_collectives=unguarded.collectives(scope="optimizer",
+                                                       excluding="owner_sharded"),
                guarded_flops=guarded,
                guarded_bytes_accessed=hlo.loop_corrected_bytes(xla_bytes, module),
                matmul_flops=unguarded.matmul_flops(),

@@ -185,16 +185,20 @@ class Module:
         for ins in body:
           yield ins, count, types
 
-  def collectives(self, scope: str | None = None) -> dict[str, dict[str, float]]:
+  def collectives(self, scope: str | None = None, *, excluding: str | None = None
+                  ) -> dict[str, dict[str, float]]:
     """``{kind: {"count": executions per step, "bytes": result bytes per step}}``;
     with ``scope`` (e.g. ``"optimizer"``), only those whose ``op_name`` starts with it
-    (an all-reduce the partitioner puts inside a retraction keeps the retraction's)."""
+    (an all-reduce the partitioner puts inside a retraction keeps the retraction's);
+    with ``excluding`` (e.g. ``"owner_sharded"``), not those with a scope of that name."""
     out: dict[str, dict[str, float]] = {}
     for ins, count, _ in self.instructions():
       kind = ins.op[:-len("-start")] if ins.op.endswith("-start") else ins.op
       if kind not in COLLECTIVES:
         continue
       if not _in_scope(ins, scope):
+        continue
+      if excluding and excluding in _scope(ins.rest, 99).split("/"):
         continue
       entry = out.setdefault(kind, {"count": 0, "bytes": 0})
       entry["count"] += count

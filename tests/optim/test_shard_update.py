@@ -442,3 +442,41 @@ def test_a_row_split_matrix_is_never_gathered_inside_its_update(name):
                             for ins, _, _ in module.instructions())
   assert ops[("all-gather", "f32[256,16]")] == 0, ops
   assert ops[("all-reduce", "f32[16,16]")] >= 1, ops   # the Gram matrices, summed
+
+
+# One matrix dominating the owners' updates (its owner's row is 16x the small ones'), in
+# float32 beside bfloat16 ones: the padded all-gather would move 8 x 16 rows, the sum 2 x 8.
+DOMINATED = {"big": (256, 64), **{f"s{i}": (32, 32) for i in range(7)}}
+DOMINATED_BF16 = {"b_bf16": (64, 16), "c_bf16": (16, 8)}
+
+
+@pytest.mark.parametrize("name", ["radam-fused-qr", "muon", "rsgd-momentum", "stiefel_muon"])
+def test_a_dominated_plan_shares_the_updates_by_one_exact_sum(name):
+  """Where the padded rows of an all-gather would move more than twice the updates, the
+  owners write their rows at their own offsets and all-reduce them: the same updates and
+  state as the replicated transformation, the all-reduce in the sharing's scope and no
+  all-gather."""
+  params = {**_params(jnp.float32, DOMINATED), **_params(jnp.bfloat16, DOMINATED_BF16)}
+  state = _compare(OPTIMIZERS[name], _mesh(8), jnp.float32, params)
+  layout = _node(state).layout
+  assert layout.update_sharing == "sum"
+  rows = dict(layout.update_lengths)
+  assert rows["float32"] == 256 * 64
+  bases = [layout.update_bases(j)["float32"] for j in range(8)]
+  assert bases == sorted(bases) and bases[-1] + rows["float32"] == (
+      layout.summed_lengths()["float32"])
+  tx = oj.optim.shard_update(OPTIMIZERS[name](), _mesh(8), views=VIEWS)
+  state = jax.jit(tx.init)(params)
+  text = jax.jit(tx.update).lower(params, state, params).compile().as_text()
+  module = hlo.Module.from_text(text, branches="cheapest")
+  sharing = module.collectives(scope=None)
+  maths = module.collectives(scope=None, excluding="owner_sharded")
+  # one per dtype, or one that XLA's all-reduce combiner made of the two
+  assert sharing["all-reduce"]["count"] in (1, 2) and "all-gather" not in sharing, sharing
+  assert "all-reduce" not in maths, maths
+
+
+def test_a_balanced_plan_keeps_the_all_gather():
+  params = _params(jnp.float32, {f"m{i}": (32, 16) for i in range(8)})
+  state = _compare(OPTIMIZERS["radam-fused-qr"], _mesh(8), jnp.float32, params)
+  assert _node(state).layout.update_sharing == "gather"

@@ -105,7 +105,12 @@ class UpdateLayout:
     owner_states: per owner, where its state leaves sit in its packed rows.
     state_lengths: per dtype name, the length of each owner's packed state.
     update_lengths: per dtype name, the length of each owner's packed updates
-      (striped stacks' not included).
+      (striped stacks' not included): the longest owner's.
+    update_sharing: how the packed updates reach every device: ``"gather"`` (one
+      all-gather of the owners' rows, each padded to ``update_lengths``) or ``"sum"``
+      (one all-reduce of a buffer where each owner has written its row at its own
+      offset, :meth:`update_bases`, and every other device zeros), chosen by
+      :func:`orthojax.optim.plan` from the bytes each moves.
   """
 
   num_owners: int
@@ -124,11 +129,13 @@ class UpdateLayout:
   owner_states: tuple[OwnerState, ...]
   state_lengths: tuple[tuple[str, int], ...]
   update_lengths: tuple[tuple[str, int], ...]
+  update_sharing: str = "gather"
 
   @functools.cached_property
   def _key(self) -> tuple[Any, ...]:
     return (self.num_owners, self.axes, self.pieces, self.split, self.params_treedef,
-            self.param_avals, self.state_treedef, self.roles, self.state_lengths)
+            self.param_avals, self.state_treedef, self.roles, self.state_lengths,
+            self.update_sharing)
 
   def __hash__(self) -> int:
     return hash(self._key)
@@ -178,6 +185,23 @@ class UpdateLayout:
       offsets[piece.index] = used.get(dtype, 0)
       used[dtype] = used.get(dtype, 0) + self.piece_size(piece)
     return offsets
+
+  @functools.cached_property
+  def _used_update_lengths(self) -> tuple[dict[str, int], ...]:
+    """Per owner, per dtype name, how much of its packed updates row its pieces fill."""
+    return tuple(update_sizes(mine, self.param_avals, self._by_index, self.stripe_share)
+                 for mine in self.pieces)
+
+  def update_bases(self, owner: int) -> dict[str, int]:
+    """Per dtype name, where owner ``owner``'s row starts in the summed buffer
+    (``update_sharing == "sum"``): after every earlier owner's filled length."""
+    return {d: sum(used.get(d, 0) for used in self._used_update_lengths[:owner])
+            for d, _ in self.update_lengths}
+
+  def summed_lengths(self) -> dict[str, int]:
+    """Per dtype name, the summed buffer's length: every owner's filled length, plus one
+    row's padding past the last owner's start."""
+    return {d: self.update_bases(self.num_owners - 1)[d] + n for d, n in self.update_lengths}
 
   def piece_tree(self, leaves: Sequence[Any], pieces: Sequence[Piece],
                  starts: Sequence[Any] | None = None) -> Any:
@@ -239,6 +263,19 @@ class UpdateLayout:
     split = sum(int(np.prod(self.state_avals[k][0], dtype=np.int64)) *
                 np.dtype(self.state_avals[k][1]).itemsize for k in self.split_positions())
     return sum(n * np.dtype(d).itemsize for d, n in self.state_lengths) + split // self.num_owners
+
+
+def update_sizes(mine: Sequence[Piece], avals: Sequence[Aval], by_index: dict[int, MatrixLeaf],
+                 striped: dict[int, int]) -> dict[str, int]:
+  """Per dtype name, how long one owner's packed updates are (striped stacks leave apart)."""
+  sizes: dict[str, int] = {}
+  for p in mine:
+    if p.index in striped:
+      continue
+    shape, dtype = avals[p.index]
+    n = int(np.prod(shape, dtype=np.int64)) // by_index[p.index].length * p.size
+    sizes[dtype] = sizes.get(dtype, 0) + n
+  return sizes
 
 
 def piece_shape(leaf: MatrixLeaf, piece: Piece) -> tuple[int, ...]:

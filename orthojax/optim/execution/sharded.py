@@ -247,20 +247,25 @@ def _owner_body(tx: optax.GradientTransformation, layout: UpdateLayout,
   starts = np.zeros((layout.num_owners, max(max(len(m) for m in layout.pieces), 1)), np.int32)
   for owner, mine in enumerate(layout.pieces):
     starts[owner, :len(mine)] = [p.start for p in mine]
+  bases = np.array([[layout.update_bases(owner)[d] for d, _ in layout.update_lengths]
+                    for owner in range(layout.num_owners)], np.int64).reshape(
+                        layout.num_owners, len(layout.update_lengths))
   branches = [functools.partial(_owner_step, tx, layout, representative[b])
               for b in range(len(representative))]
   u_packed, u_striped, s_packed = jax.lax.switch(
       jnp.asarray(layout.branch, jnp.int32)[j], branches, p_owned, g_owned, rows,
-      jnp.asarray(starts)[j])
+      jnp.asarray(starts)[j], jnp.asarray(bases, jnp.int32)[j])
   with jax.named_scope("owner_sharded"):
     return _share(layout, u_packed, u_striped), {d: s[None] for d, s in s_packed.items()}
 
 
 def _owner_step(tx: optax.GradientTransformation, layout: UpdateLayout, rep: int,
                 p_owned: Sequence[Any], g_owned: Sequence[Any], rows: dict[str, Any],
-                my_starts: Any) -> tuple[dict[str, Any], tuple[Any, ...], dict[str, Any]]:
+                my_starts: Any, my_bases: Any
+                ) -> tuple[dict[str, Any], tuple[Any, ...], dict[str, Any]]:
   """The program of the owners whose pieces are shaped like owner ``rep``'s: ``tx`` on
-  the pieces at ``my_starts``; its packed updates, striped blocks and packed state."""
+  the pieces at ``my_starts``; its packed updates (for ``update_sharing == "sum"`` placed
+  at ``my_bases`` in a zero buffer), striped blocks and packed state."""
   p_all = [None] * len(layout.param_avals)
   g_all = [None] * len(layout.param_avals)
   for leaf, p, g in zip(layout.leaves, p_owned, g_owned):
@@ -274,6 +279,11 @@ def _owner_step(tx: optax.GradientTransformation, layout: UpdateLayout, rep: int
   u_leaves = layout.params_treedef.flatten_up_to(new_u)
   u_packed = pack([u_leaves[p.index].astype(g_all[p.index].dtype) for p in mine
                    if p.index not in blocked], dict(layout.update_lengths))
+  if layout.update_sharing == "sum":
+    summed = layout.summed_lengths()
+    u_packed = {d: jax.lax.dynamic_update_slice(jnp.zeros([summed[d]], row.dtype), row,
+                                                (my_bases[k],))
+                for k, (d, row) in enumerate(sorted(u_packed.items()))}
   u_striped = tuple(stripes.block(layout, i, share, mine, u_leaves, g_all[i].dtype)
                     for i, share in layout.striped)
   return u_packed, u_striped, pack_state(layout, rep, flatten(new_state)[0])
@@ -281,9 +291,17 @@ def _owner_step(tx: optax.GradientTransformation, layout: UpdateLayout, rep: int
 
 def _share(layout: UpdateLayout, u_packed: dict[str, Any], u_striped: Sequence[Any]
            ) -> tuple[Any, ...]:
-  """Every matrix's update: the packed ones all-gathered and cut out of their owners'
-  rows, a striped stack's as this device's block (the out_specs tile the blocks)."""
-  gathered = {d: jax.lax.all_gather(v, layout.axes) for d, v in u_packed.items()}
+  """Every matrix's update: the packed ones all-gathered (or summed) and cut out of
+  their owners' rows, a striped stack's as this device's block (the out_specs tile the
+  blocks)."""
+  if layout.update_sharing == "sum":
+    summed = {d: jax.lax.psum(v, layout.axes) for d, v in u_packed.items()}
+    lengths = dict(layout.update_lengths)
+    row = lambda dtype, owner: jax.lax.slice_in_dim(
+        summed[dtype], b := layout.update_bases(owner)[dtype], b + lengths[dtype])
+  else:
+    gathered = {d: jax.lax.all_gather(v, layout.axes) for d, v in u_packed.items()}
+    row = lambda dtype, owner: gathered[dtype][owner]
   in_place = {i: u for (i, _), u in zip(layout.striped, u_striped)}
   offsets = [layout.update_offsets(j) for j in range(layout.num_owners)]
   full = []
@@ -295,8 +313,7 @@ def _share(layout: UpdateLayout, u_packed: dict[str, Any], u_striped: Sequence[A
     parts = []
     for owner, piece in layout.owners_of(leaf.index):
       start = offsets[owner][leaf.index]
-      flat = jax.lax.slice_in_dim(gathered[dtype][owner], start,
-                                  start + layout.piece_size(piece))
+      flat = jax.lax.slice_in_dim(row(dtype, owner), start, start + layout.piece_size(piece))
       parts.append(flat.reshape(layout.piece_shape(piece)))
     full.append(parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=leaf.batch_axis))
   return tuple(full)
