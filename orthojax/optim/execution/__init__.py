@@ -33,7 +33,9 @@ With :func:`shard_update`
 2. each owner runs the wrapped transformation on its own matrices only, and holds
    their optimizer state only (per-device state ~ 1/N of the replicated one);
 3. the owners' new updates are shared by ``all_gather`` s over those axes, one of the
-   packed updates per dtype; a *striped* stack (owner ``j`` holding layers
+   packed updates per dtype (or, where one owner's row would pad every other's to
+   more than twice the updates, by one exact ``psum`` of rows written at their own
+   offsets: :func:`plan`); a *striped* stack (owner ``j`` holding layers
    ``[j s, (j + 1) s)``, as :func:`assign_owners` lays out a lone stack), zero-padded
    to ``N s`` layers, enters and leaves as each device's own block of layers instead,
    so that under FSDP the compiler moves it with all-to-alls and no device holds the
@@ -62,8 +64,8 @@ do gather it: an SVD (the "polar" retraction; "newton_schulz" or "qr" stay split
 Householder QR, CholeskyQR2's rare fall-back.
 
 Execution: see ``orthojax.optim.execution.sharded``. No collective runs inside an
-orthogonalization: the only collectives the wrapper adds are the all-gathers of the
-finished updates. Dion (microsoft/dion) shares same-shape stacks with all-to-alls;
+orthogonalization: the only collectives the wrapper adds are the all-gathers (or the
+sum) of the finished updates. Dion (microsoft/dion) shares same-shape stacks with all-to-alls;
 here whole matrices of any shape are assigned, which is what ResNet-style kernels with
 many distinct shapes need.
 
