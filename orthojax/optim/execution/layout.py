@@ -109,7 +109,7 @@ class UpdateLayout:
     update_sharing: how the packed updates reach every device: ``"gather"`` (one
       all-gather of the owners' rows, each padded to ``update_lengths``) or ``"sum"``
       (one all-reduce of a buffer where each owner has written its row at its own
-      offset, :meth:`update_bases`, and every other device zeros), chosen by
+      offset, ``update_bases``, and every other device zeros), chosen by
       :func:`orthojax.optim.plan` from the bytes each moves.
   """
 

@@ -57,7 +57,7 @@ def plan(tx: optax.GradientTransformation, params: Any, *, num_owners: int,
   owners instead write their rows at their own offsets into a zero buffer of
   ``Σ_j u_j + max_j u_j`` and all-reduce it: a ring all-reduce moves about twice its
   buffer, so the plan takes the sum when ``N · max_j u_j > 2 (Σ_j u_j + max_j u_j)``
-  (:attr:`UpdateLayout.update_sharing`). The sum is exact: each element has one
+  (``UpdateLayout.update_sharing``). The sum is exact: each element has one
   owner's value and zeros.
   """
   leaves, treedef = jax.tree_util.tree_flatten(params)
