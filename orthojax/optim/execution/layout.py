@@ -192,11 +192,18 @@ class UpdateLayout:
     return tuple(update_sizes(mine, self.param_avals, self._by_index, self.stripe_share)
                  for mine in self.pieces)
 
+  @functools.cached_property
+  def _update_bases(self) -> tuple[dict[str, int], ...]:
+    bases, running = [], {d: 0 for d, _ in self.update_lengths}
+    for used in self._used_update_lengths:
+      bases.append(dict(running))
+      running = {d: n + used.get(d, 0) for d, n in running.items()}
+    return tuple(bases)
+
   def update_bases(self, owner: int) -> dict[str, int]:
     """Per dtype name, where owner ``owner``'s row starts in the summed buffer
     (``update_sharing == "sum"``): after every earlier owner's filled length."""
-    return {d: sum(used.get(d, 0) for used in self._used_update_lengths[:owner])
-            for d, _ in self.update_lengths}
+    return self._update_bases[owner]
 
   def summed_lengths(self) -> dict[str, int]:
     """Per dtype name, the summed buffer's length: every owner's filled length, plus one

@@ -248,13 +248,13 @@ def _owner_body(tx: optax.GradientTransformation, layout: UpdateLayout,
   for owner, mine in enumerate(layout.pieces):
     starts[owner, :len(mine)] = [p.start for p in mine]
   bases = np.array([[layout.update_bases(owner)[d] for d, _ in layout.update_lengths]
-                    for owner in range(layout.num_owners)], np.int64).reshape(
+                    for owner in range(layout.num_owners)], np.int32).reshape(
                         layout.num_owners, len(layout.update_lengths))
   branches = [functools.partial(_owner_step, tx, layout, representative[b])
               for b in range(len(representative))]
   u_packed, u_striped, s_packed = jax.lax.switch(
       jnp.asarray(layout.branch, jnp.int32)[j], branches, p_owned, g_owned, rows,
-      jnp.asarray(starts)[j], jnp.asarray(bases, jnp.int32)[j])
+      jnp.asarray(starts)[j], jnp.asarray(bases)[j])
   with jax.named_scope("owner_sharded"):
     return _share(layout, u_packed, u_striped), {d: s[None] for d, s in s_packed.items()}
 
