@@ -45,10 +45,17 @@ class MatrixView(NamedTuple):
   Attributes:
     reduction_axis: the fan-in axis or axes (contracted with the input).
     output_axis: the fan-out axis or axes.
+    row_blocks: in how many blocks the rows of the tall matrix (its long side) lie on
+      as many devices: 1 for a whole matrix; :func:`orthojax.optim.shard_update` sets it
+      for a matrix it splits by rows. An update may arrange its products for it:
+      Newton–Schulz then applies its polynomial to the row blocks instead of forming
+      its ``p x p`` square, which every device would repeat
+      (:func:`orthojax.linalg.newton_schulz`'s ``row_blocks``). The maths is the same.
   """
 
   reduction_axis: Sequence[int] | int = 0
   output_axis: Sequence[int] | int = 1
+  row_blocks: int = 1
 
   @classmethod
   def dense(cls) -> "MatrixView":
@@ -67,11 +74,17 @@ class MatrixView(NamedTuple):
     """``base`` (default Dense) behind ``num_batch_axes`` leading stack axes."""
     base = cls.dense() if base is None else base
     shift = lambda axes: tuple(a + num_batch_axes if a >= 0 else a for a in _as_tuple(axes))
-    return cls(reduction_axis=shift(base.reduction_axis), output_axis=shift(base.output_axis))
+    return cls(reduction_axis=shift(base.reduction_axis), output_axis=shift(base.output_axis),
+               row_blocks=_row_blocks(base))
 
 
 def _as_tuple(axes: Sequence[int] | int) -> tuple[int, ...]:
   return (int(axes),) if isinstance(axes, (int, np.integer)) else tuple(int(a) for a in axes)
+
+
+def _row_blocks(view: Any) -> int:
+  """``view``'s ``row_blocks`` (1 for optax's ``MuonDimensionNumbers``)."""
+  return int(getattr(view, "row_blocks", 1))
 
 
 def is_view(obj: Any) -> bool:
@@ -117,6 +130,7 @@ class Layout:
     transposed: True when ``fan_in < fan_out`` (wide): the tall matrix is the
       transpose of the ``(fan_in, fan_out)`` view and its columns are the rows
       of the parameter's matrix view.
+    row_blocks: the view's :attr:`MatrixView.row_blocks`.
   """
 
   shape: tuple[int, ...]
@@ -125,6 +139,7 @@ class Layout:
   fan_in: int
   fan_out: int
   transposed: bool
+  row_blocks: int = 1
 
   @property
   def n(self) -> int:
@@ -192,6 +207,10 @@ def layout(shape: Sequence[int], view: Any = None, name: str = "parameter") -> L
       raise ValueError(f"{name} has {ndim} axes; {what}={axes} is out of range")
   if not red or not out:
     raise ValueError(f"{name}: view {view} needs at least one fan-in and one fan-out axis")
+  blocks = getattr(view, "row_blocks", 1)   # optax's MuonDimensionNumbers: whole
+  if isinstance(blocks, bool) or not isinstance(blocks, (int, np.integer)) or blocks < 1:
+    raise ValueError(f"{name}: view {view} has row_blocks={blocks!r}; pass a positive int "
+                     f"(1 for a whole matrix)")
   if set(red) & set(out) or len(set(red)) != len(red) or len(set(out)) != len(out):
     raise ValueError(f"{name}: view {view} repeats an axis; fan-in and fan-out axes must be disjoint")
   batch = tuple(a for a in range(ndim) if a not in red and a not in out)
@@ -204,6 +223,7 @@ def layout(shape: Sequence[int], view: Any = None, name: str = "parameter") -> L
       fan_in=fan_in,
       fan_out=fan_out,
       transposed=fan_in < fan_out,
+      row_blocks=int(blocks),
   )
 
 

@@ -168,14 +168,28 @@ def resolve_coeffs(coeffs: CoeffsLike = "quintic", steps: int | None = None) -> 
       f"or use a preset: {_preset_names()}.")
 
 
-def _ns_step(x: jax.Array, abc, precision, skip_quintic: bool) -> jax.Array:
-  """One step ``X ← a X + (b A + c A²) X`` with ``A = X Xᵀ`` (X wide)."""
+def _ns_step(x: jax.Array, abc, precision, skip_quintic: bool, apply_twice: bool = False
+             ) -> jax.Array:
+  """One step ``X ← a X + (b A + c A²) X`` with ``A = X Xᵀ`` (X wide); ``apply_twice``:
+  as ``a X + b (A X) + c A (A X)``, two products with ``X`` in place of ``A²``."""
   a, b, c = abc
   mm = functools.partial(jnp.matmul, precision=precision)
   x_gram, square = _symmetric(precision)
   a_k = x_gram(x)                                       # A = X Xᵀ
+  if apply_twice and not skip_quintic:
+    ax = mm(a_k, x)
+    return a * x + b * ax + c * mm(a_k, ax)
   poly = b * a_k if skip_quintic else b * a_k + c * square(a_k)   # A² = A Aᵀ
   return a * x + mm(poly, x)
+
+
+def _applies_twice(n: int, p: int, row_blocks: int = 1) -> bool:
+  """Whether :func:`newton_schulz` applies ``A`` to ``X`` twice rather than forming
+  ``A²``: when one product with a device's block of ``X`` (``p² ⌈n / row_blocks⌉``
+  multiply-adds) costs less than the ``p x p`` square that every device repeats. Never
+  for a whole matrix (``n ≥ p``); for rows split over more devices than ``n / p``."""
+  n, p = max(n, p), min(n, p)
+  return p * p * -(-n // row_blocks) < _gram_multiply_adds(p, p)
 
 
 def _symmetric(precision):
@@ -190,7 +204,7 @@ def _symmetric(precision):
   return x_gram, square
 
 
-def _run_schedule(x, schedule, precision, skip_quintic):
+def _run_schedule(x, schedule, precision, skip_quintic, apply_twice=False):
   """Apply the steps: short schedules unrolled, long ones in lax loops.
 
   A schedule is a head of distinct triples followed by a repeated last triple
@@ -199,7 +213,7 @@ def _run_schedule(x, schedule, precision, skip_quintic):
   otherwise the head is unrolled (or scanned, if long) and the repeated tail
   runs in a ``lax.fori_loop``, so compile time does not grow with ``steps``.
   """
-  step = lambda y, abc: _ns_step(y, abc, precision, skip_quintic)
+  step = lambda y, abc: _ns_step(y, abc, precision, skip_quintic, apply_twice)
   if len(schedule) <= _MAX_UNROLL:
     for abc in schedule:
       x = step(x, abc)
@@ -218,18 +232,22 @@ def _run_schedule(x, schedule, precision, skip_quintic):
 
 
 def newton_schulz_multiply_adds(n: int, p: int, steps: int, *, gram: bool = False,
-                                restart_every: int | None = None, cubic: bool = False) -> int:
+                                restart_every: int | None = None, cubic: bool = False,
+                                row_blocks: int = 1) -> int:
   """Multiply-adds of :func:`newton_schulz`'s matrix products on one ``n × p`` matrix
   (either orientation: the iteration runs on its short side ``min(n, p)``), ``steps`` steps
   (``cubic``: no quintic term), as the standard iteration or on the Gram matrix
   (``gram``, ``restart_every``): what decides which of the two costs less. The symmetric
   products ``X Xᵀ`` and ``A²`` count three of their four blocks from
-  :data:`~orthojax.linalg.SYMMETRIC_FROM` rows on (:func:`orthojax.linalg.gram`)."""
+  :data:`~orthojax.linalg.SYMMETRIC_FROM` rows on (:func:`orthojax.linalg.gram`).
+  ``row_blocks``: per device, for the rows split in that many blocks (the ``n``-long
+  products divided, the ``p x p`` ones repeated, ``A²`` replaced by a second product where that costs less)."""
   n, p = max(n, p), min(n, p)
+  n = -(-n // row_blocks)                               # one device's rows
   square = 0 if cubic else _gram_multiply_adds(p, p)    # A² per step
   x_gram = _gram_multiply_adds(p, n)                    # A = X Xᵀ
   if not gram:
-    return steps * (x_gram + n * p * p + square)
+    return steps * (x_gram + n * p * p + min(square, n * p * p))
   total = x_gram + n * p * p                            # A_0 = X Xᵀ and X_K = Q_K X_0
   for k in range(steps):
     fresh = k == 0 or bool(restart_every and k % restart_every == 0)
@@ -280,6 +298,7 @@ def newton_schulz(
     precision: jax.lax.PrecisionLike = None,
     gram: bool = False,
     restart_every: int | None = None,
+    row_blocks: int = 1,
 ) -> jax.Array:
   r"""Approximate the orthogonal polar factor ``U Vᵀ`` of ``x = U Σ Vᵀ``.
 
@@ -365,6 +384,13 @@ def newton_schulz(
       length.
     restart_every: with ``gram``, form the iterate and its Gram matrix anew every this
       many steps (None: never).
+    row_blocks: in how many blocks the long side of ``x`` lies on as many devices
+      (:attr:`orthojax.linalg.MatrixView.row_blocks`; the compiler partitions the
+      products, all-reducing ``A``). Where a device's block is shorter than the short
+      side (``p² n / row_blocks < p³``), each step computes ``a X + b (A X) + c A (A X)``:
+      the same polynomial with two products of the block in place of ``A²``, which
+      every device would repeat (``p³`` each, against ``2 p² n / row_blocks``). Not
+      used with ``gram``, whose iteration is all ``p x p``.
 
   Returns:
     Array of ``x``'s shape and dtype. The norm is computed in float32 (or
@@ -396,15 +422,19 @@ def newton_schulz(
   if restart_every is not None and (not gram or int(restart_every) < 1):
     raise ValueError(f"newton_schulz: restart_every={restart_every!r} needs gram=True and "
                      f"an int >= 1")
+  if isinstance(row_blocks, bool) or not isinstance(row_blocks, numbers.Integral) or row_blocks < 1:
+    raise ValueError(f"newton_schulz: row_blocks={row_blocks!r}; pass a positive int (1 for a "
+                     f"whole matrix)")
+  twice = _applies_twice(*x.shape[-2:], int(row_blocks))
   if isinstance(precision, str):
     check_precision("newton_schulz", precision)
     run = _run_gram if gram else _run_schedule
-    args = (schedule, None, skip_quintic) + ((restart_every,) if gram else ())
+    args = (schedule, None, skip_quintic) + ((restart_every,) if gram else (twice,))
     x = at_precision(lambda y: run(y, *args), precision)(x)
   elif gram:
     x = _run_gram(x, schedule, precision, skip_quintic, restart_every)
   else:
-    x = _run_schedule(x, schedule, precision, skip_quintic)
+    x = _run_schedule(x, schedule, precision, skip_quintic, twice)
   if transposed:
     x = jnp.swapaxes(x, -1, -2)
   return x

@@ -297,7 +297,7 @@ def _run_padded(fn: Callable[..., Any], trees: Sequence[list[Any]], layouts: lis
 
   stacked = [jnp.concatenate([tall(lo, t[i]) for lo, i in zip(layouts, members)])
              for t in trees]
-  result = fn(*stacked, view=MatrixView.stacked())
+  result = fn(*stacked, view=MatrixView.stacked()._replace(row_blocks=layouts[0].row_blocks))
   start = 0
   for lo, i in zip(layouts, members):
     count = math.prod(lo.batch_shape)
@@ -348,14 +348,15 @@ def _bucket_key(leaf: Any, rest: Sequence[Any], lo: Any, pad: bool = False) -> A
       return None
     avals.append((tuple(x.shape), str(x.dtype)))
   if pad and all(shape == avals[0][0] for shape, _ in avals):
-    return ("padded", lo.p, tuple(dtype for _, dtype in avals))
-  return (tuple(avals), tuple(lo.perm), lo.transposed)
+    return ("padded", lo.p, tuple(dtype for _, dtype in avals), lo.row_blocks)
+  return (tuple(avals), tuple(lo.perm), lo.transposed, lo.row_blocks)
 
 
 def _explicit(view: Any, shape: Sequence[int]) -> MatrixView:
   """``view`` (None: inferred) as a MatrixView with explicit axes."""
   view = infer_view(shape) if view is None else view
-  return MatrixView(reduction_axis=view.reduction_axis, output_axis=view.output_axis)
+  return MatrixView(reduction_axis=view.reduction_axis, output_axis=view.output_axis,
+                    row_blocks=getattr(view, "row_blocks", 1))
 
 
 def unzip(pairs: Any, like: Any) -> tuple[Any, Any]:

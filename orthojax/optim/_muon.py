@@ -191,7 +191,8 @@ def _muon_direction(g, mu, count, view, options):
   own tree functions — orthogonalized by :func:`orthojax.linalg.newton_schulz`, on the
   Gram matrix where that costs fewer multiply-adds
   (:func:`orthojax.linalg.newton_schulz_multiply_adds`: a long side above about 2.5× the
-  short one; a 3 × 3 conv kernel's 9× costs 1.4× fewer). The Gram iteration restarts every
+  short one; a 3 × 3 conv kernel's 9× costs 1.4× fewer, per device where the view's rows
+  are split over devices, ``row_blocks``). The Gram iteration restarts every
   2 steps in every dtype: a momentum of low rank (a language model's, a small batch's) has
   singular values near 0, which the accumulated polynomial must raise by orders of
   magnitude, and without restarts its float32 rounding reached 2.5e-4 of the largest entry
@@ -209,11 +210,12 @@ def _muon_direction(g, mu, count, view, options):
   lo = linalg.layout(mu_hat.shape, view)
   coeffs = _coefficient_rows(options["ns_coeffs"], options["ns_steps"])
   cost = functools.partial(linalg.newton_schulz_multiply_adds, lo.fan_in, lo.fan_out,
-                           len(coeffs))
+                           len(coeffs), row_blocks=lo.row_blocks)
   gram = cost(gram=True, restart_every=_RESTART_EVERY) < cost()
   direction = linalg.newton_schulz(
       lo.to_matrix(mu_hat), steps=len(coeffs), coeffs=coeffs, eps=options["eps"],
-      gram=gram, restart_every=_RESTART_EVERY if gram else None)
+      gram=gram, restart_every=_RESTART_EVERY if gram else None,
+      row_blocks=1 if gram else lo.row_blocks)
   return lo.from_matrix(direction).astype(g.dtype), optax.tree.cast(mu, options["mu_dtype"])
 
 
@@ -228,11 +230,16 @@ def _coefficient_rows(ns_coeffs: Any, ns_steps: int) -> tuple[tuple[float, ...],
 
 def _map_views_views(views: Any) -> Any:
   """:func:`muon_dimension_numbers` as ``map_views`` reads views: a leaf that Muon does
-  not orthogonalize (None there) is ``False`` (passed through), not "infer"."""
+  not orthogonalize (None there) is ``False`` (passed through), not "infer"; the others
+  as ``MatrixView`` s that keep their ``row_blocks``."""
   def resolve(tree):
-    dims = muon_dimension_numbers(tree, views)
-    return jax.tree.map(lambda d: False if d is None else d, dims,
-                        is_leaf=lambda d: d is None or isinstance(d, MuonDimensionNumbers))
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    per_leaf = views_for(tree, views)
+    dims = _dims(leaves, leaf_names(tree), per_leaf)
+    return treedef.unflatten([
+        False if d is None else linalg.MatrixView(
+            d.reduction_axis, d.output_axis, row_blocks=getattr(v, "row_blocks", 1))
+        for d, v in zip(dims, per_leaf)])
   return resolve
 
 

@@ -114,8 +114,11 @@ Shard = Callable[..., optax.GradientTransformation]
 
 def unsharded(tx: optax.GradientTransformation, views: Any = None
               ) -> optax.GradientTransformation:
-  """The :data:`Shard` of a run that replicates the update: ``tx`` as it is."""
-  del views
+  """The :data:`Shard` of a run that replicates the update: ``tx`` as it is; one built
+  without ``views=`` (an :class:`orthojax.optim.ViewsFromInit`) built for ``views``, as
+  :func:`orthojax.optim.shard_update` would run it."""
+  if views is not None and isinstance(tx, oj.optim.ViewsFromInit):
+    return tx.with_views(views)
   return tx
 
 
@@ -204,13 +207,19 @@ def _optimizer(group: str, config: Config, total_steps: int,
 def _group_optimizer(group: str, config: Config, total_steps: int, views: Any,
                      shard: Shard, mask: Callable[[Any], Any]) -> optax.GradientTransformation:
   """The group's optimizer; one of the library's wrapped in ``shard`` (with the views the
-  trainer gives it), Euclidean ones with the L2 term in front."""
+  trainer gives it), Euclidean ones with the L2 term in front.
+
+  The library's are built without ``views=`` and take them from ``shard``: under
+  :func:`orthojax.optim.shard_update` the matrices it splits by rows then run with views
+  that say so (``MatrixView.row_blocks``), and Muon arranges its products for that."""
+  library = oj.optim.optimizer_entry(config.optimizer[group].get("name")) is not None
+  given = None if library else views
   if group == "euclidean":
-    supplied = {"views": views, "mask": mask}
+    supplied = {"views": given, "mask": mask}
   else:
-    supplied = {"views": views, "manifold": _default_manifold(group)}
+    supplied = {"views": given, "manifold": _default_manifold(group)}
   tx = _optimizer(group, config, total_steps, supplied)
-  if oj.optim.optimizer_entry(config.optimizer[group]["name"]) is not None:
+  if library:
     tx = shard(tx, views=views)
   return _with_l2(tx, config, mask) if group == "euclidean" else tx
 

@@ -246,3 +246,22 @@ def test_check_float_accepts_floats(dtype):
 ])
 def test_compute_dtype(dtype, expected):
   assert jnp.dtype(linalg.compute_dtype(dtype)) == jnp.dtype(expected)
+
+
+def test_row_blocks_travel_with_the_view_into_its_layout_and_stack():
+  """A view's ``row_blocks`` (rows split over devices) reaches its layout, survives
+  ``stacked`` and makes a different layout (bucketing keeps split matrices apart); optax's
+  dimension numbers are whole matrices."""
+  split = MatrixView.conv(2)._replace(row_blocks=8)
+  assert linalg.layout((3, 3, 16, 8), split).row_blocks == 8
+  assert linalg.layout((3, 3, 16, 8), MatrixView.conv(2)).row_blocks == 1
+  assert MatrixView.stacked(split).row_blocks == 8
+  assert linalg.layout((3, 3, 16, 8), split) != linalg.layout((3, 3, 16, 8), MatrixView.conv(2))
+  dims = optax.contrib.MuonDimensionNumbers(0, 1)
+  assert linalg.layout((4, 5), dims).row_blocks == 1
+
+
+@pytest.mark.parametrize("blocks", [0, -1, 2.0, True])
+def test_row_blocks_must_be_a_positive_int(blocks):
+  with pytest.raises(ValueError, match=r"w: view .* row_blocks"):
+    linalg.layout((4, 5), MatrixView(0, 1, row_blocks=blocks), name="w")

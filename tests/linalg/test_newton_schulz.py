@@ -303,3 +303,56 @@ def test_the_gram_from_three_blocks_is_the_product(shape):
 def test_restart_needs_the_gram_iteration():
   with pytest.raises(ValueError, match="restart_every=2 needs gram=True"):
     linalg.newton_schulz(jnp.ones((4, 8)), 5, restart_every=2)
+
+
+rows_jit = jax.jit(linalg.newton_schulz, static_argnames=("steps", "coeffs", "row_blocks"))
+
+
+@pytest.mark.parametrize("shape", [(256, 64), (64, 256), (3, 96, 32), (2, 32, 32)],
+                         ids=["tall", "wide", "batched", "square stack"])
+@pytest.mark.parametrize("coeffs, steps", [("quintic", 5), ("polar_express", 8)])
+@pytest.mark.parametrize("row_blocks", [2, 8, 64])
+def test_the_polynomial_applied_twice_equals_its_square(shape, coeffs, steps, row_blocks):
+  """``row_blocks`` above ``n / p`` computes ``a X + b (A X) + c A (A X)`` in place of
+  ``(a I + b A + c A²) X``: the same iterates, to float32 rounding."""
+  x = jax.random.normal(jax.random.key(0), shape)
+  np.testing.assert_allclose(rows_jit(x, steps, coeffs, row_blocks=row_blocks),
+                             ns_jit(x, steps, coeffs), rtol=0, atol=3e-6)
+
+
+def test_the_polynomial_applied_twice_in_float64():
+  with jax.enable_x64(True):
+    x = jax.random.normal(jax.random.key(1), (40, 300), jnp.float64)
+    np.testing.assert_allclose(rows_jit(x, 5, "quintic", row_blocks=64),
+                               ns_jit(x, 5, "quintic"), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("n, p, row_blocks, twice", [
+    (2048, 1024, 64, True),     # ResNet-50's projection on 64 chips: 32 rows each
+    (4608, 512, 64, True),      # a 3 x 3 x 512 x 512 kernel: 72 rows each
+    (4608, 512, 8, False),      # 576 rows each: A² is cheaper
+    (64, 16, 8, True),
+    (64, 16, 1, False)])        # a whole matrix never
+def test_split_rows_cost_per_device(n, p, row_blocks, twice):
+  """Per device: the ``n``-long products divided by ``row_blocks``, the ``p x p`` square
+  repeated unless two products with the block cost less. Where the polynomial is applied
+  twice, the traced products are all ``n``-long, so the whole trace is ``row_blocks``
+  devices' work."""
+  assert _newton_schulz._applies_twice(n, p, row_blocks) == twice
+  per_device = linalg.newton_schulz_multiply_adds(n, p, 5, row_blocks=row_blocks)
+  whole = linalg.newton_schulz_multiply_adds(n, p, 5)
+  local = n // row_blocks
+  square = _newton_schulz._gram_multiply_adds(p, p)
+  gram = _newton_schulz._gram_multiply_adds(p, local)
+  assert per_device == 5 * (gram + local * p * p + (local * p * p if twice else square))
+  assert (per_device < whole) == (row_blocks > 1)
+  if twice and p < linalg.SYMMETRIC_FROM:
+    traced = _dot_flops(lambda y: linalg.newton_schulz(y, 5, row_blocks=row_blocks),
+                        jnp.ones((n, p), jnp.float32))
+    assert traced == row_blocks * per_device
+
+
+@pytest.mark.parametrize("row_blocks", [0, -2, 1.5, True])
+def test_row_blocks_is_checked(row_blocks):
+  with pytest.raises(ValueError, match="row_blocks"):
+    linalg.newton_schulz(jnp.ones((8, 4)), 5, row_blocks=row_blocks)

@@ -208,6 +208,40 @@ def test_split_matrices_in_bfloat16_and_on_data_times_fsdp(name, dtype):
   _compare(OPTIMIZERS[name], _mesh(2, 4), dtype, params, split_above=1.0)
 
 
+# Muon built without views= follows shard_update's, and a split matrix's view there says
+# its rows lie in 8 blocks: where a block is shorter than the short side, Newton–Schulz
+# applies A twice to it rather than forming the p x p square on every device.
+ROW_BLOCKS = {"tall": (64, 16), "wide_conv": (1, 1, 16, 96), "k3": (3, 3, 16, 16)}
+VIEWLESS = {"muon": lambda: oj.optim.muon(1e-2),
+            "stiefel_muon": lambda: oj.optim.stiefel_muon(1e-2)}
+
+
+@pytest.mark.parametrize("name", sorted(VIEWLESS))
+def test_split_rows_apply_the_polynomial_to_their_blocks(name):
+  """Equal to the replicated update (built with the views), and each device's products
+  are the cost model's: ``tall`` (8 rows of 16 each) and ``wide_conv`` (12 of 16) apply
+  ``A`` twice, ``k3`` (18 of 16) forms ``A²``; with the views bound at construction the
+  split matrices keep the square (more products per device)."""
+  params = _params(jnp.float32, ROW_BLOCKS)
+  _compare(OPTIMIZERS[name], _mesh(8), jnp.float32, params, split_above=0.01, atol=1e-5,
+           make_sharded=lambda shard: shard(VIEWLESS[name]()), split=tuple(ROW_BLOCKS))
+  mesh = _mesh(8)
+  placed = jax.device_put(params, NamedSharding(mesh, P()))
+  flops = {}
+  for kind, tx in (("viewless", VIEWLESS[name]()), ("bound", OPTIMIZERS[name]())):
+    sharded = oj.optim.shard_update(tx, mesh, views=VIEWS, split_above=0.01)
+    state = jax.jit(sharded.init)(placed)
+    assert {sorted(params)[s.index] for s in _node(state).layout.split} == set(ROW_BLOCKS)
+    if name == "muon":
+      compiled = jax.jit(sharded.update).lower(placed, state, placed).compile()
+      flops[kind] = hlo.Module.from_text(compiled.as_text()).matmul_flops()
+  if name == "muon":
+    per_device = sum(oj.linalg.newton_schulz_multiply_adds(n, p, 5, row_blocks=8)
+                     for n, p in ((64, 16), (96, 16), (144, 16)))
+    assert flops["viewless"] == 2 * per_device
+    assert flops["bound"] > flops["viewless"]
+
+
 def test_the_split_axis_is_on_the_long_side_and_keeps_the_views_reshape_in_blocks():
   """Split by rows: the outermost axis of the view's long side that 8 divides. A 1 x 1
   projection on its output channels (its long side); a 3 x 3 kernel, whose long side

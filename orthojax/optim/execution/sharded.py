@@ -95,7 +95,7 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
     return tx
   options = dict(mesh=mesh, axes=axes, owners=owners, split_above=split_above,
                  stripe_stacks=stripe_stacks)
-  return views_from_init(lambda v: _sharded(_with_views(tx, v), views=v, **options), views)
+  return views_from_init(lambda v: _sharded(tx, views=v, **options), views)
 
 
 def _with_views(tx: optax.GradientTransformation, views: Any) -> optax.GradientTransformation:
@@ -104,41 +104,65 @@ def _with_views(tx: optax.GradientTransformation, views: Any) -> optax.GradientT
   return tx.with_views(views) if isinstance(tx, ViewsFromInit) else tx
 
 
+def _split_views(views: Any, layout: UpdateLayout, params: Any) -> Any:
+  """``views`` as a tree like ``params``, each split matrix's view with ``row_blocks``
+  the owner count (:attr:`orthojax.linalg.MatrixView.row_blocks`)."""
+  per_leaf = linalg.views_for(params, views)
+  for split in layout.split:
+    view = per_leaf[split.index]
+    view = linalg.infer_view(layout.param_avals[split.index][0]) if view is None else view
+    per_leaf[split.index] = linalg.MatrixView(view.reduction_axis, view.output_axis,
+                                              row_blocks=layout.num_owners)
+  return layout.params_treedef.unflatten(per_leaf)
+
+
 def _sharded(tx: optax.GradientTransformation, *, views: Any, mesh: Any, axes: Sequence[str],
              owners: int, split_above: float | None, stripe_stacks: bool
              ) -> optax.GradientTransformation:
-  """:func:`shard_update` of ``tx`` for the given ``views``."""
-  layouts: dict[Any, UpdateLayout] = {}
+  """:func:`shard_update` of ``tx`` for the given ``views``.
 
-  def layout_of(params: Any) -> UpdateLayout:
+  The owners run ``tx`` under ``views``; the leaves every device updates run it under
+  the same views with the split matrices' ``row_blocks`` set, where ``tx`` was built
+  without ``views=`` (a :class:`~orthojax.optim.ViewsFromInit`), so that their products
+  are arranged for rows split over the owners."""
+  layouts: dict[Any, tuple[UpdateLayout, optax.GradientTransformation]] = {}
+  owned_tx = _with_views(tx, views)
+
+  def layout_of(params: Any) -> tuple[UpdateLayout, optax.GradientTransformation]:
+    """The layout for ``params``' shapes and the transformation of its replicated part."""
     leaves, treedef = jax.tree_util.tree_flatten(params)
     key = (treedef, tuple(aval(x) for x in leaves))
     if key not in layouts:
-      layouts[key] = plan(tx, params, num_owners=owners, axes=axes, views=views,
-                          split_above=split_above, stripe_stacks=stripe_stacks)
+      layout = plan(owned_tx, params, num_owners=owners, axes=axes, views=views,
+                    split_above=split_above, stripe_stacks=stripe_stacks)
+      rest_tx = owned_tx
+      if layout.split and isinstance(tx, ViewsFromInit):
+        rest_tx = tx.with_views(_split_views(views, layout, params))
+      layouts[key] = layout, rest_tx
     return layouts[key]
 
   def init_fn(params):
     params = linalg.variable_values(params)   # the tree update gets (nnx.Optimizer)
-    return _init(tx, layout_of(params), mesh, jax.tree_util.tree_leaves(params))
+    layout, rest_tx = layout_of(params)
+    return _init(owned_tx, rest_tx, layout, mesh, jax.tree_util.tree_leaves(params))
 
   def update_fn(updates, state, params=None):
     if params is None:
       raise ValueError(
           "shard_update needs the current params: call tx.update(updates, state, params)")
-    layout = layout_of(params)
+    layout, rest_tx = layout_of(params)
     if not isinstance(state, ShardedUpdateState) or state.layout != layout:
       raise ValueError("shard_update: the state was not made by this transformation's init for "
                        "these params (convert a replicated state with oj.optim.sharded_state)")
-    return _update(tx, layout, mesh, updates, state, params)
+    return _update(owned_tx, rest_tx, layout, mesh, updates, state, params)
 
   sharded = optax.GradientTransformation(init_fn, update_fn)
-  return keeping(sharded) if keeps_manifold(tx) else sharded
+  return keeping(sharded) if keeps_manifold(owned_tx) else sharded
 
 
-def _init(tx: optax.GradientTransformation, layout: UpdateLayout, mesh: Any,
-          leaves: Sequence[Any]) -> ShardedUpdateState:
-  """Each owner's state of its pieces, packed into its row; the rest's state as ``tx``'s."""
+def _init(tx: optax.GradientTransformation, rest_tx: optax.GradientTransformation,
+          layout: UpdateLayout, mesh: Any, leaves: Sequence[Any]) -> ShardedUpdateState:
+  """Each owner's state of its pieces, packed into its row; the rest's as ``rest_tx``'s."""
   rows: dict[str, list[Any]] = {d: [] for d, _ in layout.state_lengths}
   for j, mine in enumerate(layout.pieces):
     state = tx.init(layout.piece_tree(leaves, mine))
@@ -146,16 +170,18 @@ def _init(tx: optax.GradientTransformation, layout: UpdateLayout, mesh: Any,
       rows[dtype].append(row)
   owned = {d: _place(jnp.stack(r), NamedSharding(mesh, P(layout.axes)))
            for d, r in rows.items()}
-  rest = _constrain_split(layout, mesh, tx.init(layout.replicated_tree(leaves)))
+  rest = _constrain_split(layout, mesh, rest_tx.init(layout.replicated_tree(leaves)))
   return ShardedUpdateState(owned, rest, layout)
 
 
-def _update(tx: optax.GradientTransformation, layout: UpdateLayout, mesh: Any, updates: Any,
-            state: ShardedUpdateState, params: Any) -> tuple[Any, ShardedUpdateState]:
-  """The replicated leaves' update as ``tx``'s, the owners' in a ``shard_map``, merged."""
+def _update(tx: optax.GradientTransformation, rest_tx: optax.GradientTransformation,
+            layout: UpdateLayout, mesh: Any, updates: Any, state: ShardedUpdateState,
+            params: Any) -> tuple[Any, ShardedUpdateState]:
+  """The replicated leaves' update as ``rest_tx``'s, the owners' (``tx``) in a
+  ``shard_map``, merged."""
   g_leaves, p_leaves = _leaves_in(layout, mesh, updates, params)
   moved = [s for s in layout.split if s.moved]
-  rest_updates, rest_state = tx.update(
+  rest_updates, rest_state = rest_tx.update(
       layout.replicated_tree(_move_leaves(moved, g_leaves)),
       _move_state(layout, moved, _constrain_split(layout, mesh, state.replicated)),
       layout.replicated_tree(_move_leaves(moved, p_leaves)))
