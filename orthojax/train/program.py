@@ -265,16 +265,17 @@ def build_program(config: Config, info: DatasetInfo, *,
     _, params, rest = nnx.split(build_model(), nnx.Param, ...)
     return TrainState.create(_pure(params), _pure(rest), tx)
 
+  params_sh = mesh_lib.param_shardings(abs_params, mesh)
   step_fn = make_train_step(graphdef_train, tx, loss_fn, classification=classification,
                             compute_dtype=dtype, grad_accum_steps=config.grad_accum_steps,
                             nan_policy=config.nan_policy,
-                            scale_updates=config.schedule == "plateau")
+                            scale_updates=config.schedule == "plateau",
+                            param_sharding=params_sh)
   eval_fn = make_eval_step(graphdef_eval, loss_fn, classification=classification,
                            compute_dtype=dtype)
 
   # ------------------------------------------------------------- Sharding --
   # Where every array lives on the mesh, and the steps jitted for it.
-  params_sh = mesh_lib.param_shardings(abs_params, mesh)
   rep = mesh_lib.replicated(mesh)
   abs_opt = jax.eval_shape(tx.init, pure_params)
   state_sh = TrainState(step=rep, params=params_sh,

@@ -67,7 +67,8 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
                     loss_fn: Callable[[jax.Array, jax.Array], jax.Array], *,
                     classification: bool, compute_dtype: Any = jnp.float32,
                     grad_accum_steps: int = 1, nan_policy: str = "stop",
-                    scale_updates: bool = False) -> Callable[[TrainState, Any], tuple[TrainState, dict]]:
+                    scale_updates: bool = False, param_sharding: Any = None
+                    ) -> Callable[[TrainState, Any], tuple[TrainState, dict]]:
   """``(state, batch) -> (state, metrics)`` for one optimizer update.
 
   Args:
@@ -81,6 +82,10 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
       gradients (the update equals the full-batch one up to float rounding).
     nan_policy: ``"stop"`` or ``"skip"`` (see module docstring).
     scale_updates: multiply updates by ``state.lr_scale`` (plateau schedule).
+    param_sharding: the parameters' shardings (a tree like them), or None: the updates
+      leave the optimizer laid out as the parameters they are added to, so that a layout
+      the update chose inside (an owner's block of layers) does not propagate into the
+      forward and backward pass.
   """
   if nan_policy not in ("stop", "skip"):
     raise ValueError(f"nan_policy must be 'stop' or 'skip', got {nan_policy!r}")
@@ -124,8 +129,12 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
   def step(state: TrainState, batch: Any) -> tuple[TrainState, dict]:
     with jax.named_scope("loss_and_grad"):   # op names: the compile report's traffic split
       grads, model_state, sums = gradients(state.params, state.model_state, batch)
+    if param_sharding is not None:
+      grads = jax.lax.with_sharding_constraint(grads, param_sharding)
     with jax.named_scope("optimizer"):
       updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    if param_sharding is not None:
+      updates = jax.lax.with_sharding_constraint(updates, param_sharding)
     if scale_updates:
       updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
     params = optax.apply_updates(state.params, updates)

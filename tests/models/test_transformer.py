@@ -95,6 +95,32 @@ def test_scanned_model_equals_a_float64_reference(kw):
   np.testing.assert_allclose(model(tokens), _reference(model, tokens), rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize("scale", ["matrix", "output"])
+def test_scaling_the_matrix_or_its_output_gives_the_same_loss_and_gradients(scale, monkeypatch):
+  """``x (V·s)`` (a batch with at least fan-in rows) and ``(x V)·s`` are one function: the
+  loss and every gradient, the scales' included, agree to float32 rounding."""
+  from orthojax.models import _transformer
+  model = _model(stiefel="all", scale=scale)
+  _randomise_gains(model)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  tokens = _tokens()
+
+  def loss(params):
+    logits = nnx.merge(graphdef, params, rest)(tokens)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
+
+  results = {}
+  for weight in (True, False):
+    monkeypatch.setattr(_transformer, "_scales_weight", lambda x, v, weight=weight: weight)
+    results[weight] = jax.value_and_grad(loss)(params)
+  np.testing.assert_allclose(results[True][0], results[False][0], rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               nnx.to_pure_dict(results[True][1]), nnx.to_pure_dict(results[False][1]))
+  monkeypatch.undo()
+  assert _transformer._scales_weight(jnp.ones((3, 7, 16)), jnp.ones((16, 64)))
+  assert not _transformer._scales_weight(jnp.ones((3, 5, 64)), jnp.ones((64, 16)))
+
+
 @pytest.mark.parametrize("kw", [
     {},
     {"qk_norm": True},
