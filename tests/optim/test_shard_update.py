@@ -213,7 +213,8 @@ def test_split_matrices_in_bfloat16_and_on_data_times_fsdp(name, dtype):
 # applies A twice to it rather than forming the p x p square on every device.
 ROW_BLOCKS = {"tall": (64, 16), "wide_conv": (1, 1, 16, 96), "k3": (3, 3, 16, 16)}
 VIEWLESS = {"muon": lambda: oj.optim.muon(1e-2),
-            "stiefel_muon": lambda: oj.optim.stiefel_muon(1e-2)}
+            "stiefel_muon": lambda: oj.optim.stiefel_muon(1e-2),
+            "radam-fused-qr": lambda: oj.optim.radam(1e-2)}   # row_blocks unread: as before
 
 
 @pytest.mark.parametrize("name", sorted(VIEWLESS))
