@@ -73,8 +73,12 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
       of the mean owner load over all owners, by rows (the outermost axis of its
       view's long side that the owner count divides, :func:`orthojax.optim.plan`; the
       products partitioned by the compiler, with ``p x p`` all-reduces inside its
-      iterations; see the ``orthojax.optim.execution`` overview). ``None`` (default):
-      every matrix has one owner and no collective runs inside an orthogonalization.
+      iterations; see the ``orthojax.optim.execution`` overview). A ``tx`` built
+      without ``views=`` runs them under views whose ``row_blocks`` is the owner count
+      (:attr:`orthojax.linalg.MatrixView.row_blocks`: Newton–Schulz then applies its
+      polynomial to the row blocks instead of repeating its ``p x p`` square on every
+      device). ``None`` (default): every matrix has one owner and no collective runs
+      inside an orthogonalization.
     stripe_stacks: stripe every stacked leaf over all owners
       (:func:`orthojax.optim.assign_owners`), so that its gradient, parameter and update
       move as each owner's block of layers (all-to-alls under FSDP) rather than whole to
