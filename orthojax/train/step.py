@@ -82,10 +82,12 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
       gradients (the update equals the full-batch one up to float rounding).
     nan_policy: ``"stop"`` or ``"skip"`` (see module docstring).
     scale_updates: multiply updates by ``state.lr_scale`` (plateau schedule).
-    param_sharding: the parameters' shardings (a tree like them), or None: the updates
-      leave the optimizer laid out as the parameters they are added to, so that a layout
-      the update chose inside (an owner's block of layers) does not propagate into the
-      forward and backward pass.
+    param_sharding: the parameters' shardings (a tree like them), or None: the gradients
+      enter the optimizer laid out as the parameters, so that a layout the update
+      chooses inside (an owner's block of layers) does not propagate back into the
+      forward and backward pass (the 1.3 B transformer on ``v5e:8x8``: 668 → 640 GiB of
+      HBM traffic per chip and step). The updates are left to the compiler: pinning them
+      too changed nothing there and cost ResNet-50's row-split update 9 % more bytes.
   """
   if nan_policy not in ("stop", "skip"):
     raise ValueError(f"nan_policy must be 'stop' or 'skip', got {nan_policy!r}")
@@ -133,8 +135,6 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
       grads = jax.lax.with_sharding_constraint(grads, param_sharding)
     with jax.named_scope("optimizer"):
       updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    if param_sharding is not None:
-      updates = jax.lax.with_sharding_constraint(updates, param_sharding)
     if scale_updates:
       updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
     params = optax.apply_updates(state.params, updates)
