@@ -266,11 +266,15 @@ def build_program(config: Config, info: DatasetInfo, *,
     return TrainState.create(_pure(params), _pure(rest), tx)
 
   params_sh = mesh_lib.param_shardings(abs_params, mesh)
+  # Under FSDP the gradients enter the optimizer pinned to the parameters' sharding, so
+  # that the owners' blocks of layers do not propagate into the backward pass (the 1.3 B
+  # transformer on v5e:8x8: 668 -> 640 GiB per chip and step). With replicated
+  # parameters the pin only constrains the partitioner (E5: +0.1 GiB), so it is left out.
   step_fn = make_train_step(graphdef_train, tx, loss_fn, classification=classification,
                             compute_dtype=dtype, grad_accum_steps=config.grad_accum_steps,
                             nan_policy=config.nan_policy,
                             scale_updates=config.schedule == "plateau",
-                            param_sharding=params_sh)
+                            param_sharding=params_sh if mesh.shape["fsdp"] > 1 else None)
   eval_fn = make_eval_step(graphdef_eval, loss_fn, classification=classification,
                            compute_dtype=dtype)
 

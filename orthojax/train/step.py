@@ -87,7 +87,8 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
       chooses inside (an owner's block of layers) does not propagate back into the
       forward and backward pass (the 1.3 B transformer on ``v5e:8x8``: 668 → 640 GiB of
       HBM traffic per chip and step). The updates are left to the compiler: pinning them
-      too changed nothing there and cost ResNet-50's row-split update 9 % more bytes.
+      too changed nothing there and cost ResNet-50's row-split update 9 % more bytes. The
+      trainer passes it under FSDP only (``orthojax.train.program``).
   """
   if nan_policy not in ("stop", "skip"):
     raise ValueError(f"nan_policy must be 'stop' or 'skip', got {nan_policy!r}")
