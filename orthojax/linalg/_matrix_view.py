@@ -130,7 +130,7 @@ class Layout:
     transposed: True when ``fan_in < fan_out`` (wide): the tall matrix is the
       transpose of the ``(fan_in, fan_out)`` view and its columns are the rows
       of the parameter's matrix view.
-    row_blocks: the view's :attr:`MatrixView.row_blocks`.
+    row_blocks: the view's ``MatrixView.row_blocks``.
   """
 
   shape: tuple[int, ...]

@@ -385,7 +385,7 @@ def newton_schulz(
     restart_every: with ``gram``, form the iterate and its Gram matrix anew every this
       many steps (None: never).
     row_blocks: in how many blocks the long side of ``x`` lies on as many devices
-      (:attr:`orthojax.linalg.MatrixView.row_blocks`; the compiler partitions the
+      (``MatrixView.row_blocks``; the compiler partitions the
       products, all-reducing ``A``). Where a device's block is shorter than the short
       side (``p² n / row_blocks < p³``), each step computes ``a X + b (A X) + c A (A X)``:
       the same polynomial with two products of the block in place of ``A²``, which

@@ -75,7 +75,7 @@ def shard_update(tx: optax.GradientTransformation, mesh: Any, *, views: Any = No
       products partitioned by the compiler, with ``p x p`` all-reduces inside its
       iterations; see the ``orthojax.optim.execution`` overview). A ``tx`` built
       without ``views=`` runs them under views whose ``row_blocks`` is the owner count
-      (:attr:`orthojax.linalg.MatrixView.row_blocks`: Newton–Schulz then applies its
+      (``MatrixView.row_blocks``: Newton–Schulz then applies its
       polynomial to the row blocks instead of repeating its ``p x p`` square on every
       device). ``None`` (default): every matrix has one owner and no collective runs
       inside an orthogonalization.
@@ -110,7 +110,7 @@ def _with_views(tx: optax.GradientTransformation, views: Any) -> optax.GradientT
 
 def _split_views(views: Any, layout: UpdateLayout, params: Any) -> Any:
   """``views`` as a tree like ``params``, each split matrix's view with ``row_blocks``
-  the owner count (:attr:`orthojax.linalg.MatrixView.row_blocks`)."""
+  the owner count (``MatrixView.row_blocks``)."""
   per_leaf = linalg.views_for(params, views)
   for split in layout.split:
     view = per_leaf[split.index]
