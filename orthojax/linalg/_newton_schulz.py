@@ -241,7 +241,8 @@ def newton_schulz_multiply_adds(n: int, p: int, steps: int, *, gram: bool = Fals
   products ``X Xᵀ`` and ``A²`` count three of their four blocks from
   :data:`~orthojax.linalg.SYMMETRIC_FROM` rows on (:func:`orthojax.linalg.gram`).
   ``row_blocks``: per device, for the rows split in that many blocks (the ``n``-long
-  products divided, the ``p x p`` ones repeated, ``A²`` replaced by a second product where that costs less)."""
+  products divided, the ``p x p`` ones repeated, ``A²`` replaced by a second product
+  with the block where that costs less)."""
   n, p = max(n, p), min(n, p)
   n = -(-n // row_blocks)                               # one device's rows
   square = 0 if cubic else _gram_multiply_adds(p, p)    # A² per step
@@ -422,7 +423,8 @@ def newton_schulz(
   if restart_every is not None and (not gram or int(restart_every) < 1):
     raise ValueError(f"newton_schulz: restart_every={restart_every!r} needs gram=True and "
                      f"an int >= 1")
-  if isinstance(row_blocks, bool) or not isinstance(row_blocks, numbers.Integral) or row_blocks < 1:
+  if (isinstance(row_blocks, bool) or not isinstance(row_blocks, numbers.Integral)
+      or row_blocks < 1):
     raise ValueError(f"newton_schulz: row_blocks={row_blocks!r}; pass a positive int (1 for a "
                      f"whole matrix)")
   twice = _applies_twice(*x.shape[-2:], int(row_blocks))

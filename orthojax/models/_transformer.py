@@ -280,10 +280,11 @@ class TransformerLM(nnx.Module):
     n = self.heads
     h = rms_norm(x, p["attn_norm"])
     w, s = p["qkv"], p.get("qkv_scale")   # s: (3,) per matrix or (3, d) per output
-    if s is not None and _scales_weight(h, w):
+    on_weight = s is not None and _scales_weight(h, w)
+    if on_weight:
       w = w * (s[:, None, None] if s.ndim == 1 else s[:, None, :])
     qkv = jnp.einsum("btd,ide->ibte", h, w)                # Q, K, V in one product
-    if s is not None and not _scales_weight(h, w):
+    if s is not None and not on_weight:
       qkv = qkv * (s[:, None, None, None] if s.ndim == 1 else s[:, None, None, :])
     q, k, v = qkv.reshape(3, b, t, n, d // n)
     if p["q_norm"] is not None:
