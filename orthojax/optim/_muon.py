@@ -214,8 +214,7 @@ def _muon_direction(g, mu, count, view, options):
   gram = cost(gram=True, restart_every=_RESTART_EVERY) < cost()
   direction = linalg.newton_schulz(
       lo.to_matrix(mu_hat), steps=len(coeffs), coeffs=coeffs, eps=options["eps"],
-      gram=gram, restart_every=_RESTART_EVERY if gram else None,
-      row_blocks=1 if gram else lo.row_blocks)
+      gram=gram, restart_every=_RESTART_EVERY if gram else None, row_blocks=lo.row_blocks)
   return lo.from_matrix(direction).astype(g.dtype), optax.tree.cast(mu, options["mu_dtype"])
 
 
