@@ -29,6 +29,7 @@ from orthojax.linalg._precision import check_precision
 from orthojax.linalg._precision import reduced
 from orthojax.linalg._precision import roundoff
 from orthojax.linalg._precision import split_product
+from orthojax.linalg._qr import cholesky_qr
 from orthojax.linalg._qr import cholesky_qr2
 from orthojax.linalg._qr import qr_orthonormalize
 from orthojax.linalg._skew import skew

@@ -142,6 +142,37 @@ def _orthogonality_estimate(q: jax.Array) -> jax.Array:
   return jnp.sqrt(jnp.sum(jnp.square(e), axis=(-2, -1)) / k)
 
 
+def cholesky_qr(x: jax.Array, *, precision: Precision = "highest") -> jax.Array:
+  r"""``Q = X R⁻¹`` for ``XᵀX = RᵀR``: one CholeskyQR pass, no conditional.
+
+  For a tall ``X`` (``n ≥ p``): one Gram product, one Cholesky factor and one
+  triangular solve (:func:`cholesky_qr2`'s first pass). Its orthogonality error
+  ``‖QᵀQ − I‖₂`` is of order ``κ₂(X)² u`` (``u`` the unit roundoff; Yamamoto,
+  Nakatsukasa, Yanagisawa & Fukaya, "Roundoff error analysis of the CholeskyQR2
+  algorithm", ETNA 44, 2015, §3), and the Cholesky factor exists while ``κ₂(X)² u``
+  is well below 1.
+
+  Where it is the whole answer: the QR retraction ``qf(W + ξ)`` at a point ``W``
+  (``WᵀW = I``) and a tangent ``ξ`` (``Wᵀξ`` skew) factors
+  ``(W + ξ)ᵀ(W + ξ) = I + ξᵀξ``, so ``κ(W + ξ)² ≤ 1 + ‖ξ‖₂²``: every singular value
+  is at least 1, the factor always exists, and a step of spectral norm up to 1 keeps
+  the error within twice that of an exactly orthonormal input — the same ``Q`` as
+  Householder's to rounding (``oj.manifolds.Stiefel(qr_algorithm="cholesky_qr")``, the
+  retraction's default). A longer step leaves ``κ² `` times rounding, which the next
+  retraction removes; :func:`cholesky_qr2` guards arbitrary inputs instead, with
+  ``lax.cond``\ s that a GPU waits on and every compile builds.
+
+  Args:
+    x: ``(..., m, n)`` floating array (wide: rows, as :func:`qr_orthonormalize`).
+    precision: of the products (:func:`orthojax.linalg.at_precision`; default float32).
+
+  Returns:
+    Array of ``x``'s shape and dtype.
+  """
+  return _on_tall(x, "cholesky_qr", at_precision(lambda x: _cholesky_pass(x, _gram(x)),
+                                                 precision))
+
+
 def cholesky_qr2(x: jax.Array, *, tolerance: float = 0.5,
                  precision: Precision = "highest") -> jax.Array:
   r"""The same ``Q`` as :func:`qr_orthonormalize`, from matrix products: CholeskyQR2.

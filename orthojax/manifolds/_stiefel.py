@@ -13,10 +13,11 @@ Tangent space at W: {V : W^T V + V^T W = 0}.
   uses the Euclidean projection.)
 * Retractions of a tangent V at W:
 
-  - ``"qr"``: ``qf(W + V)``, the sign-fixed Q factor, from matrix products by
-    CholeskyQR2 (:func:`orthojax.linalg.cholesky_qr2`; the same Q as Householder QR to
-    rounding, Householder itself where its guard fails) or, with
-    ``qr_algorithm="householder"``, by LAPACK's Householder QR;
+  - ``"qr"``: ``qf(W + V)``, the sign-fixed Q factor, from matrix products by one
+    CholeskyQR pass (:func:`orthojax.linalg.cholesky_qr`: ``W + V`` has every singular
+    value at least 1, so the same Q as Householder QR to rounding, with no
+    conditional), by the guarded CholeskyQR2 (``qr_algorithm="cholesky_qr2"``) or by
+    LAPACK's Householder QR (``qr_algorithm="householder"``);
   - ``"polar"``: ``polar(W + V) = U V^T`` of the SVD (the metric projection);
   - ``"newton_schulz"``: the same polar factor by cubic Newton–Schulz steps
     ``X <- X (3I - X^T X) / 2`` (matmuls only), run to a tolerance. No
@@ -234,11 +235,16 @@ class Stiefel(Manifold):
     ns_steps: most cubic Newton–Schulz steps of the "newton_schulz" retraction.
     ns_tol: its stopping tolerance on the predicted ``||X^T X - I||_F`` (None:
       ``sqrt(p)`` times the dtype's epsilon).
-    qr_algorithm: how the "qr" retraction factors: "cholesky_qr2" (default;
-      :func:`orthojax.linalg.cholesky_qr2`: a Gram product, a Cholesky factor and a
-      triangular solve, Householder where its guard fails) or "householder" (LAPACK's
-      QR). The same point to rounding; CholeskyQR2 is the faster on a CPU (26–37 % per
-      Riemannian Adam step, 2 cores) and is matrix-product work on accelerators.
+    qr_algorithm: how the "qr" retraction factors: "cholesky_qr" (default;
+      :func:`orthojax.linalg.cholesky_qr`: a Gram product, a Cholesky factor and a
+      triangular solve, no conditional), "cholesky_qr2" (the same pass, a second one and
+      Householder behind ``lax.cond`` guards: :func:`orthojax.linalg.cholesky_qr2`) or
+      "householder" (LAPACK's QR). The same point to rounding for a step of spectral
+      norm up to 1 (``κ(W + V)² ≤ 1 + ‖V‖₂²``; a longer one leaves ``κ²`` times
+      rounding in one pass, which the next retraction removes). The Cholesky forms are
+      the faster on a CPU (26–37 % per Riemannian Adam step, 2 cores) and are
+      matrix-product work on accelerators; the one pass also compiles without the
+      guards' branches, which a GPU would wait on every step.
     precision: of the matrix products (:data:`orthojax.linalg.PRECISIONS`). None
       (default): per backend (:data:`orthojax.linalg.MANIFOLD_PRECISION`): float32 on a
       CPU, three bfloat16 passes on a GPU's or TPU's tensor cores, each point then
@@ -251,12 +257,12 @@ class Stiefel(Manifold):
   """Accepted ``retraction`` names."""
   METRICS = ("euclidean", "canonical")
   """Accepted ``metric`` names."""
-  QR_ALGORITHMS = ("cholesky_qr2", "householder")
+  QR_ALGORITHMS = ("cholesky_qr", "cholesky_qr2", "householder")
   """Accepted ``qr_algorithm`` names."""
 
   def __init__(self, retraction: str = "qr", metric: str = "euclidean",
                cayley_iterations: int | None = None, ns_steps: int = 12,
-               ns_tol: float | None = None, qr_algorithm: str = "cholesky_qr2",
+               ns_tol: float | None = None, qr_algorithm: str = "cholesky_qr",
                precision: str | None = None):
     if retraction not in self.RETRACTIONS:
       raise ValueError(f"Stiefel: unknown retraction={retraction!r}; choose one of {self.RETRACTIONS}")
@@ -290,7 +296,9 @@ class Stiefel(Manifold):
     if self.retraction == "qr":
       if self.qr_algorithm == "householder":
         return linalg.qr_orthonormalize(w + v)
-      return linalg.cholesky_qr2(w + v, precision=self.precision)
+      if self.qr_algorithm == "cholesky_qr2":
+        return linalg.cholesky_qr2(w + v, precision=self.precision)
+      return linalg.cholesky_qr(w + v, precision=self.precision)
     if self.retraction == "polar":
       return linalg.polar(w + v, precision=self.precision)
     if self.retraction == "newton_schulz":

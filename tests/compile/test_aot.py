@@ -262,21 +262,30 @@ def test_cli_writes_the_report(tmp_path):
 
 
 def test_the_qr_retractions_guards_are_counted_beside_the_step():
-  """Radam with the default QR (CholeskyQR2) on a 2-layer Stiefel stack: the headline
+  """Radam with the guarded QR (CholeskyQR2) on a 2-layer Stiefel stack: the headline
   counts the one-pass step; ``guarded_flops`` (XLA's rule, every cond at its costliest
   branch) adds at least the second pass's Gram product, ``2 n p²`` per matrix, and the
-  table prints it on its own line."""
+  table prints it on its own line. The default QR (one CholeskyQR pass) has no guard:
+  its compiled step is the headline's, with no conditional."""
   depth = 2
-  report = aot.compile_for(_deep_mlp(
+  reports = {algorithm: aot.compile_for(_deep_mlp(
       model={"depth": depth, "weights": "stiefel"},
       optimizer={"stiefel": {"name": "radam", "learning_rate": 0.1,
-                             "manifold": {"name": "Stiefel", "retraction": "qr"}}}), "v5e:2x2")
+                             "manifold": {"name": "Stiefel", "retraction": "qr",
+                                          "qr_algorithm": algorithm}}}), "v5e:2x2")
+      for algorithm in ("cholesky_qr2", "cholesky_qr")}
+  report = reports["cholesky_qr2"]
   t = report.train
   assert t.guarded_flops - t.flops >= 2 * WIDTH ** 3 * depth / report.num_chips
   assert t.guarded_bytes_accessed > t.bytes_accessed
   assert "with every guard's fall-back" in report.table()
-  # On a TPU the manifold's float32 products run at HIGH (three bfloat16 passes) and the
-  # correction's Gram at HIGHEST (six): at least one 256 x 256 Gram product per chip costs
-  # two passes more than its count; the bfloat16 SGD step's products are one pass each.
-  assert t.matrix_unit_flops - t.matmul_flops >= 2 * (2 * WIDTH ** 3)
+  one_pass = reports["cholesky_qr"].train
+  assert one_pass.guarded_flops == one_pass.flops
+  assert one_pass.guarded_bytes_accessed == one_pass.bytes_accessed
+  assert "with every guard's fall-back" not in reports["cholesky_qr"].table()
+  # the guarded step when no guard fires, less the one-pass test's two probe products
+  # (n x p x 8 each) on each matrix a chip owns
+  owned = -(-depth // report.num_chips)
+  assert t.matmul_flops - one_pass.matmul_flops == 2 * (2 * WIDTH * WIDTH * 8) * owned
+  assert one_pass.bytes_accessed < t.bytes_accessed
   assert "matrix-unit FLOPs per step" in report.table()

@@ -1,5 +1,7 @@
-"""CholeskyQR2 against the sign-fixed Householder QR: the same Q to rounding, and the
-Householder fall-back where the guard says the Gram matrix cannot be trusted."""
+"""CholeskyQR and CholeskyQR2 against the sign-fixed Householder QR: the same Q to
+rounding, one pass without a branch where the input is a retraction point, and
+CholeskyQR2's Householder fall-back where its guard says the Gram matrix cannot be
+trusted."""
 
 from __future__ import annotations
 
@@ -150,3 +152,65 @@ def test_the_accelerator_solve_gives_the_same_q(name, dtype, point, monkeypatch)
     np.testing.assert_allclose(np.asarray(q, np.float64), np.asarray(reference, np.float64),
                                atol=ATOL[dtype] * (10 if point == "conditioned_100" else 1))
     assert orthonormality_error(q) < 50 * float(jnp.finfo(dtype).eps)
+
+
+def _stiefel_step(rng, shape, spectral_norm):
+  """``(W, ξ)``: a Stiefel point (tall view) and a tangent of the given spectral norm."""
+  w = np.asarray(linalg.qr_orthonormalize(jnp.asarray(rng.standard_normal(shape))), np.float64)
+  g = rng.standard_normal(shape)
+  a = np.swapaxes(w, -1, -2) @ g
+  xi = g - w @ ((a + np.swapaxes(a, -1, -2)) / 2)   # Wᵀξ skew: a tangent
+  return w, xi * spectral_norm / np.linalg.norm(xi, ord=2, axis=(-2, -1), keepdims=True)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float64])
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_one_pass_at_a_retraction_point_is_householders_q(name, dtype):
+  """``cholesky_qr`` of ``W + ξ`` (a step of spectral norm 1, κ² ≤ 2): Householder's Q to
+  the same rounding as CholeskyQR2's, orthonormal within a few ``ε``."""
+  with jax.enable_x64(dtype == jnp.float64):
+    w, xi = _stiefel_step(np.random.default_rng(6), SHAPES[name] if SHAPES[name][-2]
+                          >= SHAPES[name][-1] else SHAPES[name][::-1], 1.0)
+    x = w + xi
+    if SHAPES[name][-2] < SHAPES[name][-1]:
+      x = np.swapaxes(x, -1, -2)
+    x = jnp.asarray(x, dtype)
+    q, reference = linalg.cholesky_qr(x), linalg.qr_orthonormalize(x)
+    assert q.dtype == dtype and q.shape == x.shape
+    np.testing.assert_allclose(np.asarray(q, np.float64), np.asarray(reference, np.float64),
+                               atol=ATOL[dtype])
+    if dtype != jnp.bfloat16:
+      assert orthonormality_error(q) < 50 * float(jnp.finfo(dtype).eps)
+
+
+def test_one_pass_error_grows_with_the_steps_condition_number():
+  """The one-pass error is of order ``κ² u``, and a tangent step ``ξ`` sets
+  ``κ(W + ξ)² ≤ 1 + ‖ξ‖₂²``. A rank-one step ``t u vᵀ`` (``u`` normal to ``W``, ``v`` not
+  a column: column scales alone cost Cholesky nothing) reaches the bound: at rounding for
+  ``t ≤ 1``, within ``κ²`` times that beyond, and CholeskyQR2's second pass removes it."""
+  rng = np.random.default_rng(7)
+  w = np.linalg.qr(rng.standard_normal((96, 24)))[0]
+  u = rng.standard_normal(96)
+  u -= w @ (w.T @ u)
+  v = rng.standard_normal(24)
+  eps = float(jnp.finfo(jnp.float32).eps)
+  errors = {}
+  for t in (0.1, 1.0, 10.0, 100.0):
+    x = w + t * np.outer(u / np.linalg.norm(u), v / np.linalg.norm(v))
+    s = np.linalg.svd(x, compute_uv=False)
+    np.testing.assert_allclose(s.max() ** 2, 1 + t ** 2, rtol=1e-10)
+    np.testing.assert_allclose(s.min(), 1.0, rtol=1e-10)
+    x = jnp.asarray(x, jnp.float32)
+    errors[t] = orthonormality_error(linalg.cholesky_qr(x))
+    assert orthonormality_error(linalg.cholesky_qr2(x)) < 24 * eps
+    assert errors[t] < (1 + t ** 2) * 24 * eps
+  assert max(errors[0.1], errors[1.0]) < 24 * eps
+  assert errors[100.0] > 100 * errors[1.0]   # the κ² growth is real: CholeskyQR2's reason
+
+
+def test_one_pass_has_no_conditional_and_cholesky_qr2_has_two():
+  """In the compiled program (``platform_dependent``'s choice is made when lowering)."""
+  x = jnp.zeros((3, 40, 12), jnp.float32)
+  conds = lambda f: jax.jit(f).lower(x).compile().as_text().count(" conditional(")
+  assert conds(linalg.cholesky_qr) == 0
+  assert conds(linalg.cholesky_qr2) == 2

@@ -22,13 +22,14 @@ from orthojax.manifolds import Oblique, Stiefel, cayley_generator, polish
 
 RETRACTIONS = {
     "qr": Stiefel("qr"),
-    "qr_cholesky": Stiefel("qr", qr_algorithm="cholesky_qr2"),
+    "qr_cholesky2": Stiefel("qr", qr_algorithm="cholesky_qr2"),
+    "qr_householder": Stiefel("qr", qr_algorithm="householder"),
     "polar": Stiefel("polar"),
     "newton_schulz": Stiefel("newton_schulz"),
     "cayley": Stiefel("cayley"),
     "cayley_iter2": Stiefel("cayley", cayley_iterations=2),
 }
-EXACT = ["qr", "qr_cholesky", "polar", "newton_schulz", "cayley"]
+EXACT = ["qr", "qr_cholesky2", "qr_householder", "polar", "newton_schulz", "cayley"]
 
 
 def _t(x):

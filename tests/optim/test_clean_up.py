@@ -79,3 +79,27 @@ def test_the_step_is_one_cubic_newton_schulz_step():
   before = oj.manifolds.Stiefel().defect(w)
   after = oj.manifolds.Stiefel().defect(oj.manifolds.newton_schulz_step(w))
   assert after < 0.76 * before ** 2 + 1e-6   # δ -> ~3/4 δ²
+
+
+QR_OPTIMIZERS = {
+    "radam (fused)": lambda qr: oj.optim.radam(1e-3, qr, views=VIEWS),
+    "rsgd (fused momentum)": lambda qr: oj.optim.rsgd(1e-3, qr, momentum=0.9, views=VIEWS),
+    "rsgd (chain, canonical)": lambda qr: oj.optim.rsgd(
+        1e-3, oj.manifolds.Stiefel("qr", metric="canonical", qr_algorithm=qr.qr_algorithm),
+        views=VIEWS),
+}
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda", "tpu"])
+@pytest.mark.parametrize("name", sorted(QR_OPTIMIZERS))
+def test_the_qr_retraction_has_no_branch_unless_cholesky_qr2_is_asked_for(name, platform):
+  """The default QR retraction is one CholeskyQR pass (a retraction point's singular
+  values are all at least 1): no ``cond`` on any backend; ``qr_algorithm="cholesky_qr2"``
+  keeps its two guards."""
+  params = _params()
+  grads = jax.tree.map(jnp.ones_like, params)
+  make = QR_OPTIMIZERS[name]
+  assert "cond" not in update_primitives(make(oj.manifolds.Stiefel("qr")), params, grads,
+                                         platform)
+  guarded = make(oj.manifolds.Stiefel("qr", qr_algorithm="cholesky_qr2"))
+  assert update_primitives(guarded, params, grads, platform).get("cond", 0) >= 2

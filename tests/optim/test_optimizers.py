@@ -579,8 +579,8 @@ def test_unknown_option_names_it(make, option):
 
 
 @pytest.mark.parametrize("name", ["radam", "rsgd"])
-def test_cholesky_qr2_steps_are_householders_to_rounding(name):
-  """The same optimizer with either QR algorithm: the same points, to float32 rounding,
+def test_cholesky_qr_steps_are_householders_to_rounding(name):
+  """The same optimizer with each QR algorithm: the same points, to float32 rounding,
   over 20 steps on a conv kernel and a Dense kernel (fused Adam and the rsgd chain)."""
   rng = np.random.default_rng(0)
   shapes = {"conv": (3, 3, 8, 16), "dense": (40, 12)}
@@ -603,5 +603,6 @@ def test_cholesky_qr2_steps_are_householders_to_rounding(name):
       p, state = step(p, state)
     runs[algorithm] = p
   for k in shapes:
-    np.testing.assert_allclose(runs["cholesky_qr2"][k], runs["householder"][k], atol=5e-6)
+    for algorithm in ("cholesky_qr", "cholesky_qr2"):
+      np.testing.assert_allclose(runs[algorithm][k], runs["householder"][k], atol=5e-6)
     assert float(jnp.abs(runs["householder"][k] - w0[k]).max()) > 0.05   # it moved

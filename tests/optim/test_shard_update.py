@@ -476,7 +476,8 @@ def test_a_row_split_matrix_is_never_gathered_inside_its_update(name):
   ops = collections.Counter((ins.op.removesuffix("-start"), ins.type.split("{")[0])
                             for ins, _, _ in module.instructions())
   assert ops[("all-gather", "f32[256,16]")] == 0, ops
-  assert ops[("all-reduce", "f32[16,16]")] >= 1, ops   # the Gram matrices, summed
+  # the Gram matrices, summed (alone or in a tuple the compiler combined)
+  assert sum(n for (op, t), n in ops.items() if op == "all-reduce" and "f32[16,16]" in t), ops
 
 
 # One matrix dominating the owners' updates (its owner's row is 16x the small ones'), in
