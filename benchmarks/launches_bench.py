@@ -12,7 +12,7 @@ Cases (conv kernels on the orthogonal optimizer, the rest SGD momentum, as the
 ``resnet_optim`` suite):
 
 * ResNet-50, batch 32, 224 × 224 (``--quick``: ResNet-18, batch 2, 64 × 64): ``sgd``;
-  ``radam`` (iterative Cayley), ``radam_qr`` (CholeskyQR2) and ``muon``, each built
+  ``radam`` (iterative Cayley), ``radam_qr`` (one CholeskyQR pass) and ``muon``, each built
   per leaf (``bucket="per_leaf"``, "before") and bucketed (the default ``bucket="pad"``,
   "after");
 * E5's network (``--quick``: 50 × 128), its 784-row input kernel and scanned square stack
@@ -172,7 +172,7 @@ def _resnet_rows(quick: bool, target: str, device: Any) -> list[Row]:
     per_leaf, _ = _compile(*step(per_leaf_txs[name]), device)
     module, seconds, sgd_seconds = _compile_beside(step(tx), sgd, device)
     # XLA:CPU runs a batched Cholesky or triangular solve as a loop of LAPACK calls, one
-    # per matrix, so CholeskyQR2's calls do not shrink there: judged where they batch.
+    # per matrix, so CholeskyQR's calls do not shrink there: judged where they batch.
     judged = None if name == "radam_qr" and device is None else fewer
     rows += _against_per_leaf(name, config, module, per_leaf, sgd_module, judged,
                               f"{len(kernels)} kernels in {buckets} shapes")

@@ -3,7 +3,7 @@
 On a small shared CPU, LAPACK threads that outnumber the free cores can make a QR step
 collapse under load (a 32 × 400 × 400 QR 36× slower with the machine busy). This suite times
 orthojax's QR-retraction steps (Riemannian Adam and SGD with momentum, the retraction
-by CholeskyQR2, the default, and by Householder QR) on the stacks of the peers suite, idle and
+by one CholeskyQR pass, the default, and by Householder QR) on the stacks of the peers suite, idle and
 with a second job running: ``os.cpu_count()`` processes spinning on a Python loop at
 the same priority, paused (SIGSTOP) for the idle rounds. Idle and loaded rounds
 alternate; each time is the median of its rounds.
@@ -69,7 +69,7 @@ def run(quick: bool = False) -> list[Row]:
       w, g = _peers_data.optimizer_case(shape)
       steps = {}
       for kind in ("radam_qr", "rsgd_qr"):
-        for algorithm in ("cholesky_qr2", "householder"):
+        for algorithm in ("cholesky_qr", "householder"):
           timed = peers_bench._timed(peers_bench._orthojax_step(
               peers_bench._orthojax_optimizer(kind, algorithm), w, g))
           timed()   # compile

@@ -15,7 +15,7 @@ time per FLOP, not on time alone: at this shape the manifold optimizers' own
 arithmetic is a multiple of Adam's (docs/performance.md has the profile). FLOPs
 are XLA's count of the compiled step on a 4-layer unrolled copy (its cost
 analysis counts a scan body once), each guarded conditional at its
-cheapest branch (CholeskyQR2's one pass, without its fall-back), plus the LAPACK calls
+cheapest branch (a guard's fall-back left out), plus the LAPACK calls
 XLA does not count (:func:`orthojax.compile.hlo.lapack_flops`: QR, Cholesky, triangular
 solves). radam runs with its default element-wise second moment
 and, in the ", matrix v" rows, with the per-matrix one

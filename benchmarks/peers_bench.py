@@ -13,8 +13,8 @@ parametrizations (Lezcano-Casado 2019). Like is compared with like:
 * **Riemannian Adam, Cayley**: ``Stiefel("cayley", metric="canonical")`` against
   ``geoopt.CanonicalStiefel`` (canonical-metric gradient, Cayley retraction).
 
-The QR cases time orthojax's QR retraction both ways: CholeskyQR2 (matrix products, the
-default) and Householder (``Stiefel(qr_algorithm="householder")``, LAPACK).
+The QR cases time orthojax's QR retraction both ways: one CholeskyQR pass (matrix products,
+the default) and Householder (``Stiefel(qr_algorithm="householder")``, LAPACK).
 
 Cases: the optimizer step alone, a gradient given, on a stack of 32 matrices
 (400 × 400, and 1024 × 256) held as one batched parameter in both frameworks; and a

@@ -6,7 +6,7 @@ For each precision of :data:`orthojax.linalg.PRECISIONS` — float32 products, t
 bfloat16 passes (what ``precision=None`` compiles to on a GPU or TPU) and one — the
 largest ``‖WᵀW − I‖_F`` after ``N`` updates on random gradients (one scanned program), for
 radam (iterative Cayley, 2 iterations, a Newton–Schulz step after each: the ResNet recipe),
-rsgd (CholeskyQR2) and ``stiefel_muon``, on ResNet-18's conv kernels (``--quick``) or
+rsgd (one CholeskyQR pass) and ``stiefel_muon``, on ResNet-18's conv kernels (``--quick``) or
 ResNet-50's, and on an E5-shaped stack (the 3072 × 400 input kernel and ``depth``
 400 × 400 hidden matrices: 4 with ``--quick``, 200 without). Off a GPU the reduced
 products are emulated exactly (:func:`orthojax.linalg.at_precision`), so the rows are

@@ -4,7 +4,7 @@ Measured: wall time of one jitted step from a point ``W`` on the Stiefel
 manifold along a given tangent step ``V = P_W(-G)`` (``G`` a Gaussian
 direction of Frobenius size 0.05 per matrix):
 
-* ``Stiefel(r).retract(W, V)`` for ``r`` in QR (CholeskyQR2, the default, and
+* ``Stiefel(r).retract(W, V)`` for ``r`` in QR (one CholeskyQR pass, the default, and
   Householder: ``qr_algorithm="householder"``), exact Cayley (Woodbury /
   dense solve), iterative Cayley (Li et al., 2 fixed-point iterations,
   matmuls only), polar (SVD) and Newton–Schulz (cubic, to tolerance);

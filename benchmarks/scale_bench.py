@@ -140,7 +140,7 @@ CONV_OPTIMIZERS = {
               "--config.optimizer.stiefel.manifold.name=Stiefel",
               "--config.optimizer.stiefel.manifold.retraction=cayley",
               "--config.optimizer.stiefel.manifold.cayley_iterations=2"),
-    # The same with the QR retraction (CholeskyQR2): its Gram matrix is a sum over row
+    # The same with the QR retraction (CholeskyQR): its Gram matrix is a sum over row
     # blocks, so a kernel split by rows stays split through it (linalg._rows).
     "radam_qr": ("--config.model.weights=stiefel", "--config.schedule=cosine",
                  "--config.optimizer.stiefel.name=radam",
@@ -279,7 +279,8 @@ def _cases(quick: bool):
   # twice the batch on twice the chips (the optimizer's share per chip halves).
   yield "E5 euclidean v5e:2x4", e5("euclidean"), "v5e:2x4", {}
   yield "E5 stiefel radam v5e:2x4", e5("stiefel"), "v5e:2x4", {}
-  # LAPACK-style Householder QR in place of the default matrix-product QR (CholeskyQR2).
+  # LAPACK-style Householder QR in place of the default matrix-product QR (one CholeskyQR
+  # pass).
   yield "E5 stiefel radam householder v5e:2x4", e5("stiefel", HOUSEHOLDER), "v5e:2x4", {}
   b2000 = ("--config.batch_size=2000", "--config.eval_batch_size=2000")
   yield "E5 euclidean v5e:4x4 b2000", e5("euclidean", *b2000), \
@@ -409,9 +410,9 @@ def _pairs() -> list[tuple[str, str, str, float, float | None]]:
            "E5 stiefel radam / euclidean, batch 2000, v5e:4x4", 2.0, None),
           ("E5 stiefel radam h100:1x1x8", "E5 euclidean h100:1x1x8",
            "E5 stiefel radam / euclidean, batch 1000, h100:1x1x8", 2.5, 2.0)]
-  for topo in ("v5e:2x4", "h100:1x1x8"):   # report-only: CholeskyQR2 against Householder
+  for topo in ("v5e:2x4", "h100:1x1x8"):   # report-only: CholeskyQR against Householder
     out.append((f"E5 stiefel radam {topo}", f"E5 stiefel radam householder {topo}",
-                f"E5 stiefel radam, CholeskyQR2 (default) / Householder QR, {topo}", None, None))
+                f"E5 stiefel radam, CholeskyQR (default) / Householder QR, {topo}", None, None))
   return out
 
 

@@ -26,6 +26,7 @@ from orthojax.linalg._precision import PRECISIONS
 from orthojax.linalg._precision import Precision
 from orthojax.linalg._precision import at_precision
 from orthojax.linalg._precision import check_precision
+from orthojax.linalg._precision import on_accelerators
 from orthojax.linalg._precision import reduced
 from orthojax.linalg._precision import roundoff
 from orthojax.linalg._precision import split_product

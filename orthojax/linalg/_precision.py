@@ -110,6 +110,13 @@ def _wider_than_float32(args) -> bool:
              and jnp.finfo(jnp.result_type(x)).bits > 32 for x in jax.tree.leaves(args))
 
 
+def on_accelerators(precision: Precision, *,
+                    default: Mapping[str, str] = MANIFOLD_PRECISION) -> str:
+  """The name ``precision`` resolves to on a GPU or TPU (one value for every accelerator)."""
+  check_precision("on_accelerators", precision)
+  return _table(precision, default)["default"]
+
+
 def reduced(precision: Precision, *, default: Mapping[str, str] = MANIFOLD_PRECISION
             ) -> Callable[..., Any]:
   """``apply(f, x, otherwise=None)``: ``f(x)`` on the backends whose products ``precision``

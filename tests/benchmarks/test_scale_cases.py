@@ -23,7 +23,7 @@ def test_conv_optimizer_cases_are_configs_that_build(kind):
 
 
 def test_every_judged_pair_names_two_cases(monkeypatch):
-  """Each ratio the suite judges (issue targets, split and CholeskyQR2 rows) compares two
+  """Each ratio the suite judges (issue targets, split and CholeskyQR rows) compares two
   cases the suite compiles, on the same topology."""
   monkeypatch.setattr(scale_bench, "_cuda_plugin", lambda: True)
   names = {name: topo for name, _, topo, _ in scale_bench._cases(quick=False)}

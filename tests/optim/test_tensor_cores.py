@@ -116,6 +116,37 @@ def test_the_gpu_program_runs_the_maths_on_tensor_cores_and_the_correction_at_fl
   assert 0 < len(full) < len(reduced), (len(full), len(reduced))
 
 
+def _dots(tx, params, platform):
+  """``(three-pass, float32)`` product counts of ``tx``'s update exported for ``platform``."""
+  grads = jax.tree.map(jnp.ones_like, params)
+  update = jax.jit(lambda g, s, p: tx.update(g, s, p)[0])
+  text = jax.export.export(update, platforms=[platform])(grads, tx.init(params),
+                                                          params).mlir_module()
+  dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+  passes = {n: sum(f"num_primitive_operations = {n}" in d for d in dots) for n in (1, 3)}
+  full = sum("HIGHEST" in d for d in dots)
+  assert passes[1] + passes[3] + full == len(dots)
+  return passes[3], full
+
+
+@pytest.mark.parametrize("name", ["radam", "rsgd"])
+def test_on_a_tpu_the_qr_retraction_runs_at_float32_without_a_correction(name):
+  """One CholeskyQR pass on a TPU: its Gram matrix and its product with ``R⁻¹`` at
+  float32 (six passes there) and no correction — two products where a GPU runs four
+  (both at three passes, then the correction's float32 Gram and three-pass product)."""
+  params = {"stack": _params()["stack"], "input": _params()["input"]}
+  tx = (oj.optim.radam if name == "radam" else oj.optim.rsgd)(1e-3, Stiefel("qr"),
+                                                            views=VIEWS)
+  gpu, tpu = _dots(tx, params, "cuda"), _dots(tx, params, "tpu")
+  buckets = 2   # the stack's 50 x 50 matrices and the 384 x 50 input kernel
+  assert tpu[1] == 2 * buckets and gpu[1] == buckets   # float32: the QR's, the corrections'
+  assert tpu[0] == gpu[0] - 3 * buckets                # the QR's and the correction's three-pass
+  assert _dots(oj.optim.radam(1e-3, Stiefel("qr", precision="bf16"), views=VIEWS), params,
+               "tpu")[1] == buckets   # one pass: the correction stays, the cheaper there
+  bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+  assert _dots(tx, bf16, "tpu") == _dots(tx, bf16, "cuda")   # a bfloat16 point: as a GPU
+
+
 @pytest.mark.parametrize("shape", [(256, 64), (128, 128), (64, 512), (3, 96, 32)])
 def test_muon_in_bfloat16_is_within_bfloat16s_own_distance_of_optax(shape):
   """Muon's orthogonalization with one bfloat16 pass per product (its GPU default) is no
