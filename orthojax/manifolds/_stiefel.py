@@ -250,8 +250,9 @@ class Stiefel(Manifold):
       CPU, three bfloat16 passes on a GPU's or TPU's tensor cores, each point then
       corrected at float32 (:func:`corrected_newton_schulz_step`), which holds
       ``‖WᵀW − I‖`` at float32 rounding. On a TPU the one-pass QR retraction runs at
-      float32 instead, with no correction: the cheaper there (:meth:`retract`). ``"bf16x3"`` or ``"bf16"`` on a CPU emulate
-      the tensor cores' numbers exactly (:func:`orthojax.linalg.at_precision`).
+      float32 instead, with no correction: the cheaper there (``Stiefel.retract``).
+      ``"bf16x3"`` or ``"bf16"`` on a CPU emulate the tensor cores' numbers exactly
+      (:func:`orthojax.linalg.at_precision`).
   """
 
   RETRACTIONS = ("qr", "cayley", "polar", "newton_schulz")
