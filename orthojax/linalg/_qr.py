@@ -158,7 +158,7 @@ def cholesky_qr(x: jax.Array, *, precision: Precision = "highest") -> jax.Array:
   is at least 1, the factor always exists, and a step of spectral norm up to 1 keeps
   the error within twice that of an exactly orthonormal input — the same ``Q`` as
   Householder's to rounding (``oj.manifolds.Stiefel(qr_algorithm="cholesky_qr")``, the
-  retraction's default). A longer step leaves ``κ² `` times rounding, which the next
+  retraction's default). A longer step leaves up to ``κ²`` times rounding, which the next
   retraction removes; :func:`cholesky_qr2` guards arbitrary inputs instead, with
   ``lax.cond``\ s that a GPU waits on and every compile builds.
 
