@@ -168,13 +168,14 @@ def _stiefel_step(rng, shape, spectral_norm):
 def test_one_pass_at_a_retraction_point_is_householders_q(name, dtype):
   """``cholesky_qr`` of ``W + ξ`` (a step of spectral norm 1, κ² ≤ 2): Householder's Q to
   the same rounding as CholeskyQR2's, orthonormal within a few ``ε``."""
+  shape = SHAPES[name]
+  wide = shape[-2] < shape[-1]
   with jax.enable_x64(dtype == jnp.float64):
-    w, xi = _stiefel_step(np.random.default_rng(6), SHAPES[name] if SHAPES[name][-2]
-                          >= SHAPES[name][-1] else SHAPES[name][::-1], 1.0)
-    x = w + xi
-    if SHAPES[name][-2] < SHAPES[name][-1]:
-      x = np.swapaxes(x, -1, -2)
+    w, xi = _stiefel_step(np.random.default_rng(6), shape[:-2] + tuple(sorted(shape[-2:])[::-1]),
+                          1.0)
+    x = np.swapaxes(w + xi, -1, -2) if wide else w + xi   # wide: orthonormal rows
     x = jnp.asarray(x, dtype)
+    assert x.shape == shape
     q, reference = linalg.cholesky_qr(x), linalg.qr_orthonormalize(x)
     assert q.dtype == dtype and q.shape == x.shape
     np.testing.assert_allclose(np.asarray(q, np.float64), np.asarray(reference, np.float64),
