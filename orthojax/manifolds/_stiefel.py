@@ -313,8 +313,8 @@ class Stiefel(Manifold):
         or not jnp.issubdtype(stored, jnp.floating)   # the base class names the error
         or jnp.finfo(stored).bits < 32):   # a bfloat16 point: float32 maths would be lost
       return reduced(w, v)
-    exact = lambda w, v: on_tall(lambda a, b: linalg.cholesky_qr(a + b, precision="highest"),
-                                 view, jnp.result_type(w, v), w, v, precision="highest")
+    exact = lambda w, v: on_tall(lambda a, b: linalg.cholesky_qr(a + b), view,
+                                 jnp.result_type(w, v), w, v)   # float32: both defaults
     return jax.lax.platform_dependent(w, v, tpu=exact, default=reduced)
 
   def _retract(self, w, v):
