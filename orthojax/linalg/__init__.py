@@ -20,6 +20,7 @@ from orthojax.linalg._newton_schulz import NS_PRESETS
 from orthojax.linalg._newton_schulz import NSPreset
 from orthojax.linalg._newton_schulz import newton_schulz
 from orthojax.linalg._newton_schulz import newton_schulz_multiply_adds
+from orthojax.linalg._platform import platform_dependent
 from orthojax.linalg._polar import polar
 from orthojax.linalg._precision import MANIFOLD_PRECISION
 from orthojax.linalg._precision import PRECISIONS

@@ -29,6 +29,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from orthojax.linalg._platform import platform_dependent
+
 
 def per_matrix_on_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
   """``fn`` of matrices on the last two axes, made to run one matrix per call on CPU.
@@ -54,6 +56,6 @@ def per_matrix_on_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
       out = jax.lax.map(lambda args: fn(*args), flat)
       return jax.tree.map(lambda o: o.reshape(*batch, *o.shape[1:]), out)
 
-    return jax.lax.platform_dependent(*xs, cpu=one_at_a_time, default=fn)
+    return platform_dependent(*xs, cpu=one_at_a_time, default=fn)
 
   return wrapped

@@ -36,6 +36,8 @@ import jax.numpy as jnp
 from jax.extend import core as jcore
 from jax._src import source_info_util  # what jax.core.eval_jaxpr keeps; no public name
 
+from orthojax.linalg._platform import platform_dependent
+
 PRECISIONS = ("highest", "bf16x3", "bf16")
 """Accepted ``precision`` names (module docstring); ``None`` picks per backend."""
 
@@ -100,7 +102,7 @@ def at_precision(fn: Callable[..., Any], precision: Precision = "highest", *,
     accelerator = functools.partial(_native, fn, table["default"])
     if table["cpu"] == table["default"] == "highest" or _wider_than_float32(args):
       return _native(fn, "highest", *args)   # float64 stays float64 (the presets cast it)
-    return jax.lax.platform_dependent(*args, cpu=cpu, default=accelerator)
+    return platform_dependent(*args, cpu=cpu, default=accelerator)
 
   return run
 
@@ -130,7 +132,7 @@ def reduced(precision: Precision, *, default: Mapping[str, str] = MANIFOLD_PRECI
     accelerator = f if table["default"] != "highest" else otherwise
     if cpu is accelerator:
       return cpu(x)
-    return jax.lax.platform_dependent(x, cpu=cpu, default=accelerator)
+    return platform_dependent(x, cpu=cpu, default=accelerator)
 
   return apply
 
@@ -148,7 +150,7 @@ def roundoff(precision: Precision, dtype: Any, *,
   value = {k: max(eps, _ROUNDOFF[v]) for k, v in table.items()}
   if value["cpu"] == value["default"]:
     return jnp.asarray(value["cpu"], dtype)
-  return jax.lax.platform_dependent(cpu=lambda: jnp.asarray(value["cpu"], dtype),
+  return platform_dependent(cpu=lambda: jnp.asarray(value["cpu"], dtype),
                                     default=lambda: jnp.asarray(value["default"], dtype))
 
 

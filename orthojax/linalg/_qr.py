@@ -23,6 +23,7 @@ from orthojax.linalg._gram import gram
 from orthojax.linalg._lapack import per_matrix_on_cpu
 from orthojax.linalg._matrix_view import check_float
 from orthojax.linalg._matrix_view import compute_dtype
+from orthojax.linalg._platform import platform_dependent
 from orthojax.linalg._precision import Precision, at_precision, roundoff
 from orthojax.linalg._rows import rows_partitioned
 
@@ -122,7 +123,7 @@ _solve_on_cpu = rows_partitioned(per_matrix_on_cpu(
 
 
 def _factor_and_solve(gram: jax.Array, x: jax.Array) -> jax.Array:
-  return jax.lax.platform_dependent(gram, x, cpu=_solve_on_cpu, default=_solve_by_inverse)
+  return platform_dependent(gram, x, cpu=_solve_on_cpu, default=_solve_by_inverse)
 
 
 _PROBES = 8   # probe vectors of cholesky_qr2's one-pass test

@@ -245,7 +245,10 @@ def map_views(fn: Callable[..., Any], params: Any, *trees: Any, views: Any = Non
     ignores them), a Stiefel or oblique projection and their retractions (QR,
     CholeskyQR, Cayley, polar, the columns' exponential map), elementwise moments; not
     of a per-matrix mean (a matrix second moment). Leaves whose matching leaves are
-    shaped otherwise (a per-matrix state) keep exact-shape buckets.
+    shaped otherwise (a per-matrix state) keep exact-shape buckets. Members of one shape
+    are stacked as tall matrices too: stacked in their own shape, a conv kernel's bucket
+    was copied twice per operand (once as the products read it, once for the
+    element-wise work), 8 copies where 4 do for radam.
   """
   if bucket not in BUCKETS:
     raise ValueError(f"map_views: bucket={bucket!r}; choose one of {BUCKETS}")
@@ -268,13 +271,13 @@ def map_views(fn: Callable[..., Any], params: Any, *trees: Any, views: Any = Non
     key = None if bucket == "per_leaf" else _bucket_key(leaf, rest, lo, bucket == "pad")
     buckets.setdefault(key if key is not None else ("leaf", i), []).append(i)
   trees = (leaves, *others)
-  groups = [part for key, members in buckets.items()
+  groups = [(part, key[0] == "padded") for key, members in buckets.items()
             for part in (_padded_buckets(members, layouts) if key[0] == "padded" else [members])]
-  for members in groups:
+  for members, padded in groups:
     first = members[0]
     if len(members) == 1:
       out[first] = fn(*[t[first] for t in trees], view=per_view[first])
-    elif len({layouts[i] for i in members}) == 1:   # one shape: stacked as they are
+    elif not padded and len({layouts[i] for i in members}) == 1:   # stacked as they are
       stacked = [jnp.stack([t[i] for i in members]) for t in trees]
       view = MatrixView.stacked(_explicit(per_view[first], jnp.shape(leaves[first])), 1)
       result = fn(*stacked, view=view)

@@ -315,7 +315,7 @@ class Stiefel(Manifold):
       return reduced(w, v)
     exact = lambda w, v: on_tall(lambda a, b: linalg.cholesky_qr(a + b), view,
                                  jnp.result_type(w, v), w, v)   # float32: both defaults
-    return jax.lax.platform_dependent(w, v, tpu=exact, default=reduced)
+    return linalg.platform_dependent(w, v, tpu=exact, default=reduced)
 
   def _retract(self, w, v):
     if self.retraction == "qr":

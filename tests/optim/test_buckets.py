@@ -95,11 +95,12 @@ def test_bucketed_update_equals_the_per_leaf_update(name, bucket):
 @pytest.mark.parametrize("name", ["radam_qr", "muon", "stiefel_muon"])
 def test_one_chain_of_products_per_bucket_not_per_leaf(name):
   """11 leaves in 7 buckets (stem, a × 3, b1, proj, b × 2, head × 2, stack): the traced
-  update holds the stacking and the per-bucket products, far fewer than per leaf."""
+  update holds the stacking (the members' tall matrices concatenated) and the per-bucket
+  products, far fewer than per leaf."""
   params, grads = _tree(jax.random.PRNGKey(1), STIEFEL)
   bucketed = update_primitives(OPTIMIZERS[name](), params, grads)
   per_leaf = update_primitives(OPTIMIZERS[name]("per_leaf"), params, grads)
-  assert "stack" not in per_leaf and bucketed["stack"] > 0
+  assert "concatenate" not in per_leaf and bucketed["concatenate"] > 0
   assert bucketed["dot_general"] * 11 <= per_leaf["dot_general"] * 7 + 11 * 11
 
 
@@ -132,7 +133,7 @@ def test_the_bucket_keyword_is_the_whole_switch():
   params, grads = _tree(jax.random.PRNGKey(1), STIEFEL)
   per_leaf = update_primitives(OPTIMIZERS["radam_qr"]("per_leaf"), params, grads)
   padded = update_primitives(OPTIMIZERS["radam_qr"]("pad"), params, grads)
-  assert "stack" not in per_leaf and padded["stack"] > 0
+  assert "concatenate" not in per_leaf and padded["concatenate"] > 0
   assert padded == update_primitives(OPTIMIZERS["radam_qr"](), params, grads)   # the default
   assert oj.optim.keeps_manifold(OPTIMIZERS["radam_qr"]("per_leaf"))
 
