@@ -122,10 +122,12 @@ def cayley_iterative_from_coordinates(x, xi, omega, iterations):
     return x @ z
   xi_perp = xi - x @ omega
   b = xi_perp.mT @ xi_perp
-  k = eye
+  # Omega (I + Z_i) - B K_i as one p x 2p by 2p x p product: one kernel a step, not two.
+  coefficients = jnp.concatenate([omega, b], axis=-1)
+  k = jnp.broadcast_to(eye, z.shape)
   for _ in range(int(iterations)):
     zs = eye + z
-    z, k = eye + 0.5 * (omega @ zs - b @ k), 0.5 * zs
+    z, k = eye + 0.5 * (coefficients @ jnp.concatenate([zs, -k], axis=-2)), 0.5 * zs
   return x @ z + xi_perp @ k
 
 
