@@ -151,7 +151,7 @@ def roundoff(precision: Precision, dtype: Any, *,
   if value["cpu"] == value["default"]:
     return jnp.asarray(value["cpu"], dtype)
   return platform_dependent(cpu=lambda: jnp.asarray(value["cpu"], dtype),
-                                    default=lambda: jnp.asarray(value["default"], dtype))
+                            default=lambda: jnp.asarray(value["default"], dtype))
 
 
 def _native(fn, name, *args):

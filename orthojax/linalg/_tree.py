@@ -246,9 +246,9 @@ def map_views(fn: Callable[..., Any], params: Any, *trees: Any, views: Any = Non
     CholeskyQR, Cayley, polar, the columns' exponential map), elementwise moments; not
     of a per-matrix mean (a matrix second moment). Leaves whose matching leaves are
     shaped otherwise (a per-matrix state) keep exact-shape buckets. Members of one shape
-    are stacked as tall matrices too: stacked in their own shape, a conv kernel's bucket
-    was copied twice per operand (once as the products read it, once for the
-    element-wise work), 8 copies where 4 do for radam.
+    are stacked as tall matrices too: stacked in their own shape, conv kernels were
+    copied twice per operand (once as the products read them, once for the element-wise
+    work).
   """
   if bucket not in BUCKETS:
     raise ValueError(f"map_views: bucket={bucket!r}; choose one of {BUCKETS}")
