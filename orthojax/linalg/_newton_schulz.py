@@ -255,9 +255,15 @@ def newton_schulz_multiply_adds(n: int, p: int, steps: int, *, gram: bool = Fals
     if fresh and k:
       total += n * p * p + x_gram                       # X_k = Q_k X_0 and its Gram anew
     total += square + (0 if fresh else p ** 3)          # A², then P Q (Q = P when fresh)
-    if k + 1 < steps:
+    if _continues(k + 1, steps, restart_every):
       total += 2 * p ** 3                               # A_{k+1} = P A P
   return total
+
+
+def _continues(k: int, steps: int, restart_every: int | None) -> bool:
+  """Whether step ``k`` of the Gram iteration reads ``A_k = P A P`` from the step before
+  (not for the last step's successor, nor a restart, which forms its Gram matrix anew)."""
+  return k < steps and not (restart_every and k % restart_every == 0)
 
 
 def _gram_multiply_adds(m: int, n: int) -> int:
@@ -284,7 +290,7 @@ def _run_gram(x, schedule, precision, skip_quintic, restart_every):
     poly = b * gram if skip_quintic else b * gram + c * square(gram)
     poly = poly + a * eye                                   # P_k = a I + b A_k + c A_k²
     q = poly if q is None else mm(poly, q)                  # Q_{k+1} = P_k Q_k
-    if k + 1 < len(schedule):
+    if _continues(k + 1, len(schedule), restart_every):
       gram = mm(poly, mm(gram, poly))                       # A_{k+1} = P_k A_k P_k
   return x if q is None else mm(q, x)
 
@@ -335,7 +341,10 @@ def newton_schulz(
   once ``n`` exceeds ``1.5 p`` for ``K = 5`` (a ``4608 × 512`` conv kernel: 2.7× fewer),
   more for square matrices.
   ``restart_every=r`` forms ``X_k`` and its Gram matrix anew every ``r`` steps, which
-  bounds the rounding the ``Q`` products accumulate (the authors restart in bfloat16).
+  bounds the rounding the ``Q`` products accumulate (the authors restart in bfloat16);
+  the step before a restart then skips ``A_{k+1}``. With ``r = 2`` and ``K = 5`` (Muon's) the
+  Gram iteration costs less once ``n`` exceeds about ``1.5 p`` (``1.7 p`` from
+  :data:`~orthojax.linalg.SYMMETRIC_FROM` columns), 1.46× less on a 3 × 3 conv kernel.
 
   Presets (:data:`NS_PRESETS`):
 

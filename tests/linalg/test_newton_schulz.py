@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orthojax import linalg
+from orthojax.compile import hlo
 from orthojax.linalg import _newton_schulz
 from tests.linalg._helpers import orthonormality_error
 from tests.linalg._helpers import polar_ref
@@ -271,6 +272,18 @@ def test_the_cost_model_counts_the_traced_products(n, p, coeffs, steps, gram, re
                                                      restart_every=restart_every), x)
   assert traced == linalg.newton_schulz_multiply_adds(
       n, p, steps, gram=gram, restart_every=restart_every, cubic=coeffs == "cubic")
+
+
+@pytest.mark.parametrize("n, p", [(1024, 256), (256, 1024)])
+@pytest.mark.parametrize("restart_every", [None, 2, 3])
+def test_the_cost_model_counts_the_compiled_products(n, p, restart_every):
+  """What XLA keeps: a product traced but never read (the Gram update before a restart)
+  would be counted by the traced test above and removed by the compiler."""
+  fn = lambda y: linalg.newton_schulz(y, 5, gram=True, restart_every=restart_every)
+  compiled = jax.jit(fn).lower(jnp.ones((n, p), jnp.float32)).compile()
+  flops = hlo.Module.from_text(compiled.as_text()).matmul_flops()
+  assert flops == 2 * linalg.newton_schulz_multiply_adds(n, p, 5, gram=True,
+                                                         restart_every=restart_every)
 
 
 @pytest.mark.parametrize("n, p", [(4608, 512), (512, 512)])
