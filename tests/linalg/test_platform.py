@@ -70,3 +70,12 @@ def test_one_reachable_branch_is_called_without_a_choice():
 def test_an_unknown_platform_is_refused_in_one_line():
   with pytest.raises(ValueError, match=r"unknown platform\(s\) \['gpu'\]; name"):
     oj.linalg.platform_dependent(1.0, gpu=jnp.sin, default=jnp.cos)
+
+
+def test_a_program_exported_for_several_platforms_runs_the_cpu_branch_here():
+  """Lowered for cpu, cuda and tpu at once, the program keeps a conditional on the
+  platform; run on this CPU it takes the CPU path through both levels."""
+  exported = jax.export.export(jax.jit(_nested(oj.linalg.platform_dependent)),
+                               platforms=["cpu", "cuda", "tpu"])(
+      jax.ShapeDtypeStruct((), jnp.float32))
+  np.testing.assert_allclose(exported.call(jnp.float32(0.0)), 11.0)
