@@ -73,10 +73,6 @@ def platform_dependent(*args: Any, default: Callable[..., Any],
   for platform in _selecting():
     branches.setdefault(per_platform.get(platform, default) if platform else default,
                         set()).add(platform)
-  if len(branches) == 1:
-    ((branch, platforms),) = branches.items()
-    with _inside(frozenset(platforms)):
-      return branch(*args)
 
   def traced(branch: Callable[..., Any], platforms: set) -> Callable[..., Any]:
     def run(*a):
@@ -86,6 +82,8 @@ def platform_dependent(*args: Any, default: Callable[..., Any],
 
   # One callable per branch: jax traces a callable named for several platforms once.
   wrapped = [(traced(branch, platforms), platforms) for branch, platforms in branches.items()]
+  if len(wrapped) == 1:   # every platform that can lower this selects one branch: no choice
+    return wrapped[0][0](*args)
   # The default branch, else any (no unnamed platform can lower this): not named again.
   fallback = next((run for run, platforms in wrapped if None in platforms), wrapped[0][0])
   named = {platform: run for run, platforms in wrapped if run is not fallback
