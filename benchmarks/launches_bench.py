@@ -30,7 +30,10 @@ faster of each one's two wall times compared, so that a ratio sees one load). On
 a batched LAPACK call runs as a loop over the batch, so Cholesky and triangular-solve
 calls do not shrink there (``radam_qr``'s kernel ratio is reported, not judged, on the
 CPU); on a GPU they are one batched call. E5's rows compare its network — the input
-kernel beside the square stack, which share their small side — the same way.
+kernel beside the square stack, which share their small side — the same way; on the GPU
+its compile ratio is also reported with XLA:GPU's Triton GEMM fusions off
+(``jax.jit(compiler_options={"xla_gpu_enable_triton_gemm": False})`` for both steps),
+which is what most of E5's update compile is.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ FEWER = Target("<=", 1 / 2.5)
 COMPILE = Target("<=", 2.0)
 ARITHMETIC = Target("<=", 1.1)   # a bucketed update's FLOPs over per leaf's
 GPU = "h100:1x1x8"
+TRITON_GEMM_OFF = {"xla_gpu_enable_triton_gemm": False}   # jax.jit(compiler_options=…)
 
 
 def _step_flops(module: hlo.Module) -> float:
@@ -112,15 +116,18 @@ def _train_step(graphdef: Any, tx: optax.GradientTransformation) -> Callable:
 Compiled = tuple[Callable, tuple]   # a step and its arguments
 
 
-def _compile(step: Callable, args: tuple, device: Any) -> tuple[hlo.Module, float]:
-  """``step`` compiled for ``device`` (None: this machine's first device): its module
-  and compile seconds (tracing, lowering and XLA's compile, from a cleared cache)."""
+def _compile(step: Callable, args: tuple, device: Any,
+             compiler_options: dict[str, Any] | None = None) -> tuple[hlo.Module, float]:
+  """``step`` compiled for ``device`` (None: this machine's first device), with XLA's
+  ``compiler_options`` (``jax.jit``'s): its module and compile seconds (tracing,
+  lowering and XLA's compile, from a cleared cache)."""
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
   if device is not None:
     sharding = jax.sharding.SingleDeviceSharding(device)
-    jitted = jax.jit(step, in_shardings=sharding, out_shardings=sharding)
+    jitted = jax.jit(step, in_shardings=sharding, out_shardings=sharding,
+                     compiler_options=compiler_options)
   else:
-    jitted = jax.jit(step)
+    jitted = jax.jit(step, compiler_options=compiler_options)
   jax.clear_caches()
   start = time.perf_counter()
   compiled = jitted.lower(*abstract).compile()
@@ -128,15 +135,16 @@ def _compile(step: Callable, args: tuple, device: Any) -> tuple[hlo.Module, floa
   return hlo.Module.from_text(compiled.as_text(), branches="cheapest"), seconds
 
 
-def _compile_beside(case: Compiled, baseline: Compiled, device: Any
+def _compile_beside(case: Compiled, baseline: Compiled, device: Any,
+                    compiler_options: dict[str, Any] | None = None
                     ) -> tuple[hlo.Module, float, float]:
   """``case`` and ``baseline`` compiled alternately, twice each: ``case``'s module and
   the faster of each one's two compile times. A compile is fixed work and load is
   noise; alternating lets each pair see the same load."""
   seconds: dict[str, list[float]] = {"case": [], "baseline": []}
   for _ in range(2):
-    _, baseline_s = _compile(*baseline, device)
-    module, case_s = _compile(*case, device)
+    _, baseline_s = _compile(*baseline, device, compiler_options)
+    module, case_s = _compile(*case, device, compiler_options)
     seconds["baseline"].append(baseline_s)
     seconds["case"].append(case_s)
   return module, min(seconds["case"]), min(seconds["baseline"])
@@ -202,7 +210,7 @@ def _e5_rows(quick: bool, target: str, device: Any) -> list[Row]:
   module, seconds, adam_seconds = _compile_beside(step(txs["radam_qr"]), step(txs["adam"]),
                                                   device)
   per_leaf, _ = _compile(*step(radam_qr("per_leaf")), device)
-  return [row(SUITE, f"radam_qr update kernels, {config}",
+  rows = [row(SUITE, f"radam_qr update kernels, {config}",
               sum(module.kernels("optimizer").values()), "kernels",
               note=f"adam: {sum(adam_module.kernels('optimizer').values())}"),
           *_against_per_leaf("radam_qr", config, module, per_leaf, adam_module, None,
@@ -210,6 +218,17 @@ def _e5_rows(quick: bool, target: str, device: Any) -> list[Row]:
                              f"stack"),
           row(SUITE, f"radam_qr / adam compile time, {config}", seconds / adam_seconds, "x",
               COMPILE, f"{seconds:.1f} s vs {adam_seconds:.1f} s")]
+  if device is not None:
+    # XLA:GPU builds each matrix product as a Triton GEMM fusion (the three-pass
+    # bfloat16 ones can only be built so); with those off, cuBLAS runs them. Both steps
+    # compiled that way, to show what of the ratio above the Triton fusions are.
+    _, off_seconds, off_adam_seconds = _compile_beside(
+        step(txs["radam_qr"]), step(txs["adam"]), device, TRITON_GEMM_OFF)
+    rows.append(row(SUITE, f"radam_qr / adam compile time, Triton GEMM off, {config}",
+                    off_seconds / off_adam_seconds, "x",
+                    note=f"{off_seconds:.1f} s vs {off_adam_seconds:.1f} s; "
+                         f"compiler_options={TRITON_GEMM_OFF}"))
+  return rows
 
 
 def _e8_rows(quick: bool, target: str, device: Any) -> list[Row]:
