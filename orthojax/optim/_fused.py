@@ -49,7 +49,10 @@ is exact:
   The n x n generator is never formed and each iteration costs p x p
   products; ``Y = W Z + xi_perp K`` costs one (square) or two more.
   For square W (the benchmark's 400 x 400 stack) the retraction costs 3
-  products instead of the chain's 6.
+  products instead of the chain's 6. With the ``"elementwise"`` second moment the
+  step never needs ``d = P(u)`` itself here, only ``xi_perp = -lr (u - W c)``
+  (``W sym(c) + W skew(c) = W c``): one product where ``d`` and then
+  ``xi - W Omega`` took two.
 * Other retractions (QR, polar, Newton–Schulz, exact Cayley) are applied to
   ``W + xi`` as in the chain; for parameters stored in bfloat16/float16 both
   Cayley forms are followed by :func:`orthojax.manifolds.polish`, as in
@@ -105,13 +108,14 @@ def supports_fused(manifold: Any) -> bool:
   return isinstance(manifold, Stiefel) and manifold.metric == "euclidean"
 
 
-def cayley_iterative_from_coordinates(x, xi, omega, iterations):
+def cayley_iterative_from_coordinates(x, xi, omega, iterations, xi_perp=None):
   """Li et al.'s fixed-point Cayley retraction of a tangent ``xi`` at ``x``.
 
   Equal (for ``x^T x = I``) to
   ``cayley_transform(cayley_generator(x, xi), x, method="iterative")`` but
   without the n x n generator; ``omega = x^T xi`` (skew) is passed in because
-  callers know it for free. See the module docstring for the recursion.
+  callers know it for free, and so may ``xi_perp = xi - x omega`` (else one product
+  forms it). See the module docstring for the recursion.
   """
   n, p = x.shape[-2], x.shape[-1]
   eye = jnp.eye(p, dtype=x.dtype)
@@ -120,7 +124,8 @@ def cayley_iterative_from_coordinates(x, xi, omega, iterations):
     for _ in range(int(iterations)):
       z = eye + 0.5 * (omega @ (eye + z))
     return x @ z
-  xi_perp = xi - x @ omega
+  if xi_perp is None:
+    xi_perp = xi - x @ omega
   b = xi_perp.mT @ xi_perp
   # Omega (I + Z_i) - B K_i as one p x 2p by 2p x p product: one kernel a step, not two.
   coefficients = jnp.concatenate([omega, b], axis=-1)
@@ -131,19 +136,25 @@ def cayley_iterative_from_coordinates(x, xi, omega, iterations):
   return x @ z + xi_perp @ k
 
 
+def in_coordinates(manifold: Stiefel) -> bool:
+  """Whether :func:`retract_tall` runs ``manifold``'s retraction in coordinates."""
+  return manifold.retraction == "cayley" and manifold.cayley_iterations is not None
+
+
 def retract_tall(manifold: Stiefel, x, xi, omega, stored_dtype, count,
-                 reorthonormalize_every: int | None):
+                 reorthonormalize_every: int | None, xi_perp=None):
   """The chain's ``retract`` link on a tall ``x`` given the step ``xi`` and ``omega = x^T xi``.
 
   Iterative Cayley runs in coordinates (:func:`cayley_iterative_from_coordinates`,
-  which uses ``omega``); every other retraction is ``manifold.retract`` of ``xi`` at
-  ``x``. ``stored_dtype`` is the parameter's (bfloat16/float16 Cayley results are
-  polished, as in ``Stiefel.retract``); ``count`` is the retraction step for
-  ``reorthonormalize_every``.
+  which uses ``omega`` and ``xi_perp = xi - x omega`` where the caller knows it); every
+  other retraction is ``manifold.retract`` of ``xi`` at ``x``. ``stored_dtype`` is the
+  parameter's (bfloat16/float16 Cayley results are polished, as in
+  ``Stiefel.retract``); ``count`` is the retraction step for ``reorthonormalize_every``.
   """
   with jax.named_scope("retraction"):
-    if manifold.retraction == "cayley" and manifold.cayley_iterations is not None:
-      y = cayley_iterative_from_coordinates(x, xi, omega, manifold.cayley_iterations)
+    if in_coordinates(manifold):
+      y = cayley_iterative_from_coordinates(x, xi, omega, manifold.cayley_iterations,
+                                            xi_perp)
       y = polish(y, stored_dtype)  # as Stiefel's Cayley retraction
       y = manifold.correct(y, view=_TALL)  # as Stiefel's retract: float32 where reduced
     else:
@@ -275,11 +286,16 @@ def _adam_leaf(w, g, m, v, view, *, manifold, count, neg_lr, retract_count,
   else:
     m_hat = m_new / c1
     omega_m = linalg.skew(b1 * b + (1.0 - b1) * a) / c1
+  normal = None
   if elementwise:
     u = m_hat / (jnp.sqrt(v_new / c2) + eps)
     c = x.mT @ u
     d = u - x @ linalg.sym(c)
     omega = linalg.skew(c)
+    if in_coordinates(manifold) and n > p and g.dtype == dtype:
+      # Cayley in coordinates needs xi's normal part, not d: (I - W W^T) u = u - W c
+      # (W sym(c) + W skew(c) = W c), one product where d and then xi - W Omega took two.
+      normal = u - x @ c
   else:
     denom = (jnp.sqrt(v_new / c2) + eps)[..., None, None]
     d = m_hat / denom
@@ -288,7 +304,7 @@ def _adam_leaf(w, g, m, v, view, *, manifold, count, neg_lr, retract_count,
   d = d.astype(g.dtype).astype(dtype)
   scale = neg_lr.astype(dtype)
   y = retract_tall(manifold, x, scale * d, scale * omega, w.dtype, retract_count,
-                   reorthonormalize_every)
+                   reorthonormalize_every, None if normal is None else scale * normal)
   y = lo.from_tall(y).astype(jnp.result_type(w, g))
   v_new = lo.from_tall(v_new) if elementwise else v_new
   return (y - w).astype(g.dtype), lo.from_tall(m_new).astype(m.dtype), v_new.astype(v.dtype)

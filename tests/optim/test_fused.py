@@ -89,8 +89,10 @@ RETRACTIONS = {
 # retraction alone: the two axes are independent code, so every retraction is checked
 # once and every (second moment, Nesterov) pair at least once, not all 20 pairings
 # (each is a compile of both paths). The iterative Cayley retraction, the tightest one,
-# gets the matrix second moment with Nesterov.
+# gets the matrix second moment with Nesterov, and the element-wise one too: with it the
+# step hands the retraction its normal part (``xi_perp``) instead of the direction.
 RADAM_CASES = [("qr", "elementwise", False), ("cayley-iterative", "matrix", True),
+               ("cayley-iterative", "elementwise", False),
                ("cayley-exact", "matrix", False), ("polar", "elementwise", True),
                ("newton_schulz", "matrix", True)]
 assert {r for r, _, _ in RADAM_CASES} == set(RETRACTIONS)
@@ -194,9 +196,13 @@ def test_cayley_coordinates_equal_the_generator_form(n, p, iterations):
   omega = 0.5 * (omega - jnp.swapaxes(omega, -1, -2))
   with jax.default_matmul_precision("highest"):
     got = cayley_iterative_from_coordinates(x, xi, omega, iterations)
+    normal = xi - jnp.einsum("bnp,bpq->bnq", x, omega, precision="highest")
+    given = cayley_iterative_from_coordinates(x, jnp.full_like(xi, jnp.nan), omega,
+                                              iterations, xi_perp=normal)
   want = Stiefel("cayley", cayley_iterations=iterations).retract(
       x, xi, view=MatrixView.stacked())
   np.testing.assert_allclose(got, want, atol=2e-6)
+  np.testing.assert_allclose(given, want, atol=2e-6)   # xi itself is not read
 
 
 # ------------------------------------------- rsgd's fused momentum path ---
