@@ -273,6 +273,31 @@ def test_cayley_retraction_equals_dense_formula(case):
   assert np.abs(y_big - ref).max() > 1e-4
 
 
+@pytest.mark.parametrize("iterations", [None, 2])
+@pytest.mark.parametrize("tangent_step", [True, False])
+def test_square_cayley_in_coordinates_equals_the_dense_generator(iterations, tangent_step):
+  """A square stack takes ``W · cayley(skew(Wᵀ V))``: equal to the n × n generator's
+  transform of ``W`` (``A = W Ω Wᵀ``) for any ``V``, tangent or not, in float64."""
+  m = Stiefel("cayley", cayley_iterations=iterations)
+  w = np.linalg.qr(np.random.default_rng(21).standard_normal((4, 9, 9)))[0]
+  v = 0.4 * np.random.default_rng(22).standard_normal((4, 9, 9))
+  if tangent_step:
+    v = v - w @ (0.5 * (_t(w) @ v + _t(v) @ w))
+  vh = v - 0.5 * w @ (_t(w) @ v)
+  a = vh @ _t(w) - w @ _t(vh)   # cayley_generator's dense form
+  eye = np.eye(9)
+  if iterations is None:
+    want = np.linalg.solve(eye - 0.5 * a, w + 0.5 * a @ w)
+  else:
+    want = w + a @ w
+    for _ in range(iterations):
+      want = w + 0.5 * a @ (w + want)
+  with jax.enable_x64(True):
+    got = m.retract(jnp.asarray(w), jnp.asarray(v), view=MatrixView.stacked())
+    assert got.dtype == jnp.float64
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-12)
+
+
 @pytest.mark.parametrize("case", ["tall", "wide_conv"])
 @pytest.mark.parametrize("retraction", ["qr", "polar", "cayley"])
 def test_retraction_bfloat16(case, retraction):
