@@ -333,15 +333,13 @@ class Stiefel(Manifold):
       norm = jnp.where(sq > 0, jnp.sqrt(jnp.where(sq > 0, sq, 1.0)), 0.0)
       x = (w + v) / jnp.maximum(1.0, (1.0 + norm) / 1.7)
       return polar_newton_schulz(x, self.ns_tol, self.ns_steps)
-    method = "exact" if self.cayley_iterations is None else "iterative"
-    iterations = self.cayley_iterations or 2
+    how = (dict(method="exact") if self.cayley_iterations is None else
+           dict(method="iterative", iterations=self.cayley_iterations))
     if w.shape[-2] == w.shape[-1]:
       # Square W: A = W Ω Wᵀ with Ω = Wᵀ A W = skew(Wᵀ V), so the transform is W times
       # the p × p one: two products fewer than forming A and A W.
-      omega = linalg.skew(w.mT @ v)
-      return w @ linalg.cayley_transform(omega, method=method, iterations=iterations)
-    a = cayley_generator(w, v)
-    return linalg.cayley_transform(a, w, method=method, iterations=iterations)
+      return w @ linalg.cayley_transform(linalg.skew(w.mT @ v), **how)
+    return linalg.cayley_transform(cayley_generator(w, v), w, **how)
 
   def _retract_for(self, w, v, dtype):
     y = self._retract(w, v)
