@@ -337,8 +337,8 @@ class Stiefel(Manifold):
            dict(method="iterative", iterations=self.cayley_iterations))
     if w.shape[-2] == w.shape[-1]:
       # Square W: A = W Ω Wᵀ with Ω = Wᵀ A W = skew(Wᵀ V), so the transform is W times
-      # the p × p one: two products fewer than forming A and A W.
-      return w @ linalg.cayley_transform(linalg.skew(w.mT @ v), **how)
+      # the p × p one (exact: a solve and no product; iterative: one product).
+      return linalg.times_cayley(w, linalg.skew(w.mT @ v), **how)
     return linalg.cayley_transform(cayley_generator(w, v), w, **how)
 
   def _retract_for(self, w, v, dtype):

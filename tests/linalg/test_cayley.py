@@ -244,3 +244,56 @@ def test_errors():
     linalg.cayley_transform(a, jnp.zeros((5, 2)))
   with pytest.raises(ValueError, match="rows"):
     linalg.cayley_transform(LowRank(jnp.zeros((6, 2)), jnp.zeros((6, 2))), jnp.zeros((5, 2)))
+
+
+@pytest.mark.parametrize("shape", [(7, 7), (3, 9, 9), (12, 5), (2, 8, 3)],
+                         ids=["square", "batched", "tall", "batched_tall"])
+@pytest.mark.parametrize("scale", [0.2, 3.0])
+def test_times_cayley_exact_equals_x_times_the_transform(shape, scale):
+  """``X (I - A/2)^{-1} (I + A/2)`` by one solve and ``2 Y - X``, against the transform
+  formed in float64 and multiplied, for a small and a large generator."""
+  rng = np.random.default_rng(31)
+  x = rng.standard_normal(shape)
+  a = _skew(rng, shape[-1], shape[:-2], scale)
+  want = x @ _cayley_ref(a, np.broadcast_to(np.eye(shape[-1]), a.shape), 1.0)
+  np.testing.assert_allclose(linalg.times_cayley(_f32(x), _f32(a)), want, atol=ATOL)
+  with jax.enable_x64(True):
+    got = linalg.times_cayley(jnp.asarray(x), jnp.asarray(a))
+    assert got.dtype == jnp.float64
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-13)
+
+
+def test_times_cayley_keeps_an_orthonormal_square_point_orthonormal():
+  rng = np.random.default_rng(32)
+  w = _f32(_stiefel_point(rng, 64, 64))
+  y = linalg.times_cayley(w, _f32(_skew(rng, 64, scale=5.0)))
+  np.testing.assert_allclose(y.T @ y, np.eye(64), atol=3e-5)
+
+
+def test_times_cayley_iterative_is_x_times_the_fixed_point():
+  rng = np.random.default_rng(33)
+  x, a = _f32(rng.standard_normal((6, 4))), _f32(_skew(rng, 4, scale=0.3))
+  want = x @ linalg.cayley_transform(a, method="iterative", iterations=3)
+  np.testing.assert_allclose(linalg.times_cayley(x, a, method="iterative", iterations=3),
+                             want, atol=1e-6)
+
+
+def test_identity_transform_is_formed_without_the_product():
+  """``x=None`` returns ``Q`` itself; its right-hand side is ``I + A/2``, not a product."""
+  rng = np.random.default_rng(34)
+  a = _f32(_skew(rng, 5, (2,), 0.7))
+  np.testing.assert_allclose(linalg.cayley_transform(a, tau=0.6),
+                             _cayley_ref(a, np.broadcast_to(np.eye(5), a.shape), 0.6),
+                             atol=ATOL)
+  jaxpr = jax.make_jaxpr(lambda a: linalg.cayley_transform(a))(a)
+  assert not any(e.primitive is jax.lax.dot_general_p for e in jaxpr.eqns)
+  assert not any(e.primitive is jax.lax.dot_general_p
+                 for e in jax.make_jaxpr(lambda a, x: linalg.times_cayley(x, a))(
+                     a, a[..., :3, :]).eqns)
+
+
+def test_times_cayley_errors():
+  with pytest.raises(ValueError, match=r"times_cayley: A must be \(\.\.\., p, p\)"):
+    linalg.times_cayley(jnp.zeros((5, 3)), jnp.zeros((4, 4)))
+  with pytest.raises(ValueError, match="method"):
+    linalg.times_cayley(jnp.zeros((5, 3)), jnp.zeros((3, 3)), method="newton")
