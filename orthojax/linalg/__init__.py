@@ -3,9 +3,9 @@ over leading axes) and the parameter matrix-view convention."""
 
 from orthojax.linalg._cayley import LowRank
 from orthojax.linalg._cayley import cayley_safe_step
+from orthojax.linalg._cayley import cayley_in_coordinates
 from orthojax.linalg._cayley import cayley_transform
 from orthojax.linalg._cayley import generator_matmul
-from orthojax.linalg._cayley import times_cayley
 from orthojax.linalg._gram import SYMMETRIC_FROM
 from orthojax.linalg._gram import gram
 from orthojax.linalg._guard import GUARD_SCOPE

@@ -142,37 +142,80 @@ def cayley_transform(
   return _solve(eye - half, rhs)
 
 
-def times_cayley(x: jnp.ndarray, a: jnp.ndarray, *, method: str = "exact",
-                 iterations: int = 2) -> jnp.ndarray:
-  """``X (I - A/2)^{-1} (I + A/2)``: ``x`` (..., n, p) times the Cayley transform of a
-  skew ``a`` (..., p, p) — how a square Stiefel point's retraction runs in coordinates,
-  ``W cayley(skew(W^T V))``.
+def cayley_in_coordinates(x: jnp.ndarray, omega: jnp.ndarray,
+                          normal: jnp.ndarray | None = None, *, method: str = "exact",
+                          iterations: int = 2) -> jnp.ndarray:
+  """``(I - A/2)^{-1} (I + A/2) X`` for Wen & Yin's generator of a step at an orthonormal
+  ``X``, computed in ``p x p`` coordinates: the Stiefel manifold's Cayley retraction.
 
-  ``"exact"`` needs no product: ``I + A/2 = 2I - (I - A/2)``, so the result is
-  ``2 Y - X`` with ``Y = X (I - A/2)^{-1}``, and ``Y^T`` solves ``(I + A/2) Y^T = X^T``
-  (``(I - A/2)^T = I + A/2`` for skew ``A``). That is one ``p x p`` solve with ``n``
-  right-hand sides, where forming the transform and multiplying took the solve and two
-  products. ``Y`` is at most ``X``'s size (``I - A/2`` has every singular value
-  ``>= 1``), so the difference loses no accuracy. ``"iterative"``: ``x`` times
-  :func:`cayley_transform`'s fixed point of ``a``.
+  A step ``V`` at ``X`` (``X^T X = I``, ``n x p``) splits into ``Omega = skew(X^T V)`` and
+  its normal part ``N = V - X X^T V`` (``X^T N = 0``; zero for a square ``X``). Wen & Yin's
+  generator ``A = V_h X^T - X V_h^T``, ``V_h = V - X X^T V / 2`` (2013, "A feasible method
+  for optimization with orthogonality constraints", eq. 7 with ``tau = 1``;
+  :func:`orthojax.manifolds.cayley_generator`) then maps ``X`` to ``X Omega + N`` and ``N``
+  to ``-X B``, ``B = N^T N``, so the curve stays in ``span(X, N)`` and
+  ``Y = X Z + N K`` with ``p x p`` coefficients:
+
+  * ``"exact"``: the system ``(I - A/2) Y = (I + A/2) X`` in coordinates is
+    ``K = (I + Z)/2`` and ``M Z = 2I - M`` with ``M = I - Omega/2 + B/4``, so ``K = M^{-1}``
+    and ``Y = (2X + N) M^{-1} - X``: one ``p x p`` solve, ``M^T = I + Omega/2 + B/4``, with
+    the ``n`` rows of ``2X + N`` as right-hand sides, and no ``n x n`` matrix, low-rank
+    factor or product with ``Y``'s coefficients. ``M``'s symmetric part is
+    ``I + B/4 >= I``, so ``||M^{-1}|| <= 1`` and the difference loses no accuracy.
+  * ``"iterative"``: Li, Fuxin & Todorovic's fixed point (ICLR 2020, "Efficient
+    Riemannian optimization on the Stiefel manifold via the Cayley transform", eq. 8),
+    ``Y_0 = X + A X``, ``Y_{i+1} = X + A (X + Y_i) / 2``, in coordinates:
+    ``(Z_0, K_0) = (I + Omega, I)``, ``Z_{i+1} = I + (Omega (I + Z_i) - B K_i) / 2``,
+    ``K_{i+1} = (I + Z_i) / 2``; then ``Y = X Z + N K`` (one product for a square ``X``).
+
+  Both equal :func:`cayley_transform` of the generator applied to ``X`` when
+  ``X^T X = I``; on an iterate with defect ``delta`` they differ by
+  ``O(delta ||V||)``.
 
   Args:
-    x: ``(..., n, p)``.
-    a: the skew generator ``(..., p, p)``; skewness is the caller's contract.
+    x: the point, ``(..., n, p)`` with orthonormal columns.
+    omega: ``skew(X^T V)``, ``(..., p, p)``; skewness is the caller's contract.
+    normal: ``N = V - X X^T V``, ``(..., n, p)``; None for zero (a square ``X``).
     method: "exact" or "iterative".
-    iterations: fixed-point iterations for "iterative".
+    iterations: fixed-point iterations for "iterative" (Li et al. use 2).
 
   Returns:
-    ``(..., n, p)``.
+    ``Y``, ``(..., n, p)``.
+
+  Raises:
+    ValueError: unknown method, bad iterations, or shapes that do not match.
   """
-  if method != "exact":
-    return x @ cayley_transform(a, method=method, iterations=iterations)
-  if a.ndim < 2 or a.shape[-1] != a.shape[-2] or a.shape[-1] != x.shape[-1]:
-    raise ValueError(f"times_cayley: A must be (..., p, p) for X of shape {x.shape}, got "
-                     f"shape {a.shape}")
-  plus = jnp.eye(a.shape[-1], dtype=a.dtype) + 0.5 * a
-  y = _solve(plus, x.mT).mT
-  return 2.0 * y - x
+  if method not in _METHODS:
+    raise ValueError(f"cayley_in_coordinates: unknown method={method!r}; choose one of "
+                     f"{_METHODS}")
+  if method == "iterative" and int(iterations) < 1:
+    raise ValueError(f"cayley_in_coordinates: iterations must be >= 1, got {iterations}")
+  p = x.shape[-1]
+  if omega.shape[-2:] != (p, p) or (normal is not None and normal.shape[-2:] != x.shape[-2:]):
+    raise ValueError(f"cayley_in_coordinates: for X of shape {x.shape}, Omega must be "
+                     f"(..., {p}, {p}) and N like X; got {omega.shape} and "
+                     f"{None if normal is None else normal.shape}")
+  eye = jnp.eye(p, dtype=omega.dtype)
+  if method == "exact":
+    m_t = eye + 0.5 * omega
+    rhs = 2.0 * x
+    if normal is not None:
+      m_t = m_t + 0.25 * (normal.mT @ normal)
+      rhs = rhs + normal
+    return _solve(m_t, rhs.mT).mT - x
+  z = eye + omega
+  if normal is None:
+    for _ in range(int(iterations)):
+      z = eye + 0.5 * (omega @ (eye + z))
+    return x @ z
+  b = normal.mT @ normal
+  # Omega (I + Z_i) - B K_i as one p x 2p by 2p x p product: one kernel a step, not two.
+  coefficients = jnp.concatenate([omega, b], axis=-1)
+  k = jnp.broadcast_to(eye, z.shape)
+  for _ in range(int(iterations)):
+    zs = eye + z
+    z, k = eye + 0.5 * (coefficients @ jnp.concatenate([zs, -k], axis=-2)), 0.5 * zs
+  return x @ z + normal @ k
 
 
 def cayley_safe_step(a: jnp.ndarray | LowRank, lr: float | jnp.ndarray, q: float = 0.5,

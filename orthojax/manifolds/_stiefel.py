@@ -33,11 +33,17 @@ Tangent space at W: {V : W^T V + V^T W = 0}.
     a retraction;
   - ``"cayley"``: ``(I - A/2)^{-1} (I + A/2) W`` with the skew generator
     ``A = Vh W^T - W Vh^T``, ``Vh = V - W (W^T V)/2`` (Wen & Yin 2013), which
-    satisfies ``A W = P_W(V)``. Computed in the low-rank form ``A = U V'^T``,
-    ``U = [Vh, W]``, ``V' = [W, -Vh]`` (a 2p x 2p Woodbury solve) when
-    n >= 2p, densely otherwise; with ``cayley_iterations=k`` by Li et al.'s
-    fixed point (matmuls only, approximately orthogonal: see
-    :func:`orthojax.linalg.cayley_transform`).
+    satisfies ``A W = P_W(V)``. Computed in ``p x p`` coordinates
+    (:func:`orthojax.linalg.cayley_in_coordinates`): ``A`` maps ``W`` and the step's
+    normal part ``N = V - W W^T V`` into their own span, so the result is
+    ``(2W + N) M^{-1} - W`` with ``M = I - skew(W^T V)/2 + N^T N/4``, one ``p x p``
+    solve and three ``n x p x p`` products (``W^T V``, ``N``, ``N^T N``; one for a
+    square ``W``), where the generator's 2p x 2p Woodbury form took about twice the
+    products and its dense form an ``n x n`` solve. With ``cayley_iterations=k`` by Li
+    et al.'s fixed point (matmuls only, approximately orthogonal: see
+    :func:`orthojax.linalg.cayley_transform`): in coordinates for a square ``W``, and
+    on the generator's low-rank or dense form for a tall one, whose iterates drift off
+    the manifold between clean-ups, where the coordinates' ``W^T W = I`` does not hold.
 
 * Transport: projection onto the new tangent space (base class).
 * Parameters stored in bfloat16/float16: the maths runs in float32, and the
@@ -102,7 +108,8 @@ def polish(y, dtype):
   ``||W^T W - I||_F <= 2 u ||W||_F = 2 u sqrt(p)`` to first order. The QR,
   polar and Newton–Schulz retractions map ``W + xi`` onto the manifold in
   float32, so every step starts over from that level. The Cayley transform
-  ``Y = Q W`` (``Q`` orthogonal) keeps ``Y^T Y = W^T W`` exactly: it carries
+  ``Y = Q W`` (``Q`` orthogonal) keeps ``Y^T Y = W^T W`` (exactly as ``Q W``; to
+  ``O(defect ||V||)`` as computed in coordinates for a tall ``W``): it carries
   each step's rounding error into the next, and the defect grows without
   bound (a 16 x 8 bfloat16 matrix chasing a moving target: 0.007 -> 2.8 in
   10^4 rsgd or radam steps, exact or iterative; landing, whose attraction
@@ -335,11 +342,15 @@ class Stiefel(Manifold):
       return polar_newton_schulz(x, self.ns_tol, self.ns_steps)
     how = (dict(method="exact") if self.cayley_iterations is None else
            dict(method="iterative", iterations=self.cayley_iterations))
-    if w.shape[-2] == w.shape[-1]:
-      # Square W: A = W Ω Wᵀ with Ω = Wᵀ A W = skew(Wᵀ V), so the transform is W times
-      # the p × p one (exact: a solve and no product; iterative: one product).
-      return linalg.times_cayley(w, linalg.skew(w.mT @ v), **how)
-    return linalg.cayley_transform(cayley_generator(w, v), w, **how)
+    square = w.shape[-2] == w.shape[-1]
+    if self.cayley_iterations is not None and not square:
+      # Li et al.'s iterates drift off the manifold between clean-ups, where the
+      # coordinates' identities (Wᵀ W = I) no longer hold: the generator's own form.
+      return linalg.cayley_transform(cayley_generator(w, v), w, **how)
+    c = w.mT @ v
+    # A square W has no normal part: W Wᵀ V = V.
+    normal = None if square else v - w @ c
+    return linalg.cayley_in_coordinates(w, linalg.skew(c), normal, **how)
 
   def _retract_for(self, w, v, dtype):
     y = self._retract(w, v)

@@ -37,26 +37,22 @@ is exact:
   the step's ``Omega = W^T xi`` (``xi = -lr d``) is known from ``a``, ``b``
   (and, for the elementwise moment, from ``c = W^T u`` of the re-projection
   ``d = P(u)``, which costs two products as in the chain).
-* **Iterative Cayley in coordinates.** The chain's retraction builds Wen &
-  Yin's generator ``A = vh W^T - W vh^T``, ``vh = xi - W Omega / 2``, and runs
-  Li et al.'s fixed point ``Y_0 = W + A W``,
-  ``Y_{i+1} = W + A (W + Y_i) / 2``. Write ``xi_perp = xi - W Omega``
-  (zero for square ``W``) and ``B = xi_perp^T xi_perp``: then
-  ``A W = W Omega + xi_perp`` and ``A xi_perp = -W B``, so every iterate is
-  ``Y_i = W Z_i + xi_perp K_i`` with p x p coefficients obeying
-  ``(Z_0, K_0) = (I + Omega, I)`` and
-  ``Z_{i+1} = I + (Omega (I + Z_i) - B K_i) / 2``, ``K_{i+1} = (I + Z_i) / 2``.
-  The n x n generator is never formed and each iteration costs p x p
-  products; ``Y = W Z + xi_perp K`` costs one (square) or two more.
-  For square W (the benchmark's 400 x 400 stack) the retraction costs 3
-  products instead of the chain's 6. With the ``"elementwise"`` second moment the
+* **Cayley in coordinates.** Wen & Yin's generator ``A = vh W^T - W vh^T``,
+  ``vh = xi - W Omega / 2``, maps ``W`` to ``W Omega + xi_perp`` and
+  ``xi_perp = xi - W Omega`` (zero for square ``W``) to ``-W B``,
+  ``B = xi_perp^T xi_perp``, so the exact transform and Li et al.'s fixed point are
+  ``Y = W Z + xi_perp K`` with ``p x p`` coefficients
+  (:func:`orthojax.linalg.cayley_in_coordinates`, as ``Stiefel``'s own retraction runs
+  them). Here ``Omega`` is known, so ``W^T xi`` is not formed again: exact, the
+  retraction costs ``B`` and one ``p x p`` solve with ``n`` right-hand sides (a square
+  ``W``: the solve alone); iterative, ``B``, ``p x p`` products per iteration and
+  ``Y = W Z + xi_perp K``. With the ``"elementwise"`` second moment the
   step never needs ``d = P(u)`` itself here, only ``xi_perp = -lr (u - W c)``
   (``W sym(c) + W skew(c) = W c``): one product where ``d`` and then
   ``xi - W Omega`` took two.
-* Other retractions (QR, polar, Newton–Schulz, exact Cayley) are applied to
-  ``W + xi`` as in the chain; for parameters stored in bfloat16/float16 both
-  Cayley forms are followed by :func:`orthojax.manifolds.polish`, as in
-  ``Stiefel.retract``.
+* Other retractions (QR, polar, Newton–Schulz) are applied to ``W + xi`` as in the
+  chain; for parameters stored in bfloat16/float16 both Cayley forms are followed by
+  :func:`orthojax.manifolds.polish`, as in ``Stiefel.retract``.
 
 The identities use ``W^T W = I``; on an iterate with defect ``delta`` the two
 paths differ by ``O(delta * ||step||)``, far below float32 resolution for the
@@ -108,53 +104,31 @@ def supports_fused(manifold: Any) -> bool:
   return isinstance(manifold, Stiefel) and manifold.metric == "euclidean"
 
 
-def cayley_iterative_from_coordinates(x, xi, omega, iterations, xi_perp=None):
-  """Li et al.'s fixed-point Cayley retraction of a tangent ``xi`` at ``x``.
-
-  Equal (for ``x^T x = I``) to
-  ``cayley_transform(cayley_generator(x, xi), x, method="iterative")`` but
-  without the n x n generator; ``omega = x^T xi`` (skew) is passed in because
-  callers know it for free, and so may ``xi_perp = xi - x omega`` (else one product
-  forms it). See the module docstring for the recursion.
-  """
-  n, p = x.shape[-2], x.shape[-1]
-  eye = jnp.eye(p, dtype=x.dtype)
-  z = eye + omega
-  if n == p:  # xi_perp = (I - x x^T) xi = 0
-    for _ in range(int(iterations)):
-      z = eye + 0.5 * (omega @ (eye + z))
-    return x @ z
-  if xi_perp is None:
-    xi_perp = xi - x @ omega
-  b = xi_perp.mT @ xi_perp
-  # Omega (I + Z_i) - B K_i as one p x 2p by 2p x p product: one kernel a step, not two.
-  coefficients = jnp.concatenate([omega, b], axis=-1)
-  k = jnp.broadcast_to(eye, z.shape)
-  for _ in range(int(iterations)):
-    zs = eye + z
-    z, k = eye + 0.5 * (coefficients @ jnp.concatenate([zs, -k], axis=-2)), 0.5 * zs
-  return x @ z + xi_perp @ k
-
-
 def in_coordinates(manifold: Stiefel) -> bool:
   """Whether :func:`retract_tall` runs ``manifold``'s retraction in coordinates."""
-  return manifold.retraction == "cayley" and manifold.cayley_iterations is not None
+  return manifold.retraction == "cayley"
 
 
 def retract_tall(manifold: Stiefel, x, xi, omega, stored_dtype, count,
                  reorthonormalize_every: int | None, xi_perp=None):
   """The chain's ``retract`` link on a tall ``x`` given the step ``xi`` and ``omega = x^T xi``.
 
-  Iterative Cayley runs in coordinates (:func:`cayley_iterative_from_coordinates`,
-  which uses ``omega`` and ``xi_perp = xi - x omega`` where the caller knows it); every
-  other retraction is ``manifold.retract`` of ``xi`` at ``x``. ``stored_dtype`` is the
+  Cayley (exact or iterative) runs in coordinates
+  (:func:`orthojax.linalg.cayley_in_coordinates`, from ``omega`` and the normal part
+  ``xi_perp = xi - x omega``, which the caller may pass where it knows it); every other
+  retraction is ``manifold.retract`` of ``xi`` at ``x``. ``stored_dtype`` is the
   parameter's (bfloat16/float16 Cayley results are polished, as in
   ``Stiefel.retract``); ``count`` is the retraction step for ``reorthonormalize_every``.
   """
   with jax.named_scope("retraction"):
     if in_coordinates(manifold):
-      y = cayley_iterative_from_coordinates(x, xi, omega, manifold.cayley_iterations,
-                                            xi_perp)
+      how = (dict(method="exact") if manifold.cayley_iterations is None else
+             dict(method="iterative", iterations=manifold.cayley_iterations))
+      if x.shape[-2] == x.shape[-1]:   # a square x: xi = x omega, no normal part
+        xi_perp = None
+      elif xi_perp is None:
+        xi_perp = xi - x @ omega
+      y = linalg.cayley_in_coordinates(x, omega, xi_perp, **how)
       y = polish(y, stored_dtype)  # as Stiefel's Cayley retraction
       y = manifold.correct(y, view=_TALL)  # as Stiefel's retract: float32 where reduced
     else:

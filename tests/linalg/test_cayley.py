@@ -246,36 +246,69 @@ def test_errors():
     linalg.cayley_transform(LowRank(jnp.zeros((6, 2)), jnp.zeros((6, 2))), jnp.zeros((5, 2)))
 
 
-@pytest.mark.parametrize("shape", [(7, 7), (3, 9, 9), (12, 5), (2, 8, 3)],
-                         ids=["square", "batched", "tall", "batched_tall"])
+def _step(rng, shape, scale):
+  """An orthonormal X, a step V of Frobenius norm ``scale`` per matrix, and the dense
+  generator's ``(I - A/2)^{-1} (I + A/2) X`` in float64 (A = V_h X^T - X V_h^T)."""
+  *batch, n, p = shape
+  x = np.linalg.qr(rng.standard_normal(shape))[0]
+  v = rng.standard_normal(shape)
+  v = scale * v / np.linalg.norm(v, axis=(-2, -1), keepdims=True)
+  vh = v - 0.5 * x @ (np.swapaxes(x, -1, -2) @ v)
+  a = vh @ np.swapaxes(x, -1, -2) - x @ np.swapaxes(vh, -1, -2)
+  return x, v, a
+
+
+def _coordinates(x, v):
+  c = np.swapaxes(x, -1, -2) @ v
+  return 0.5 * (c - np.swapaxes(c, -1, -2)), v - x @ c
+
+
+@pytest.mark.parametrize("shape", [(7, 7), (3, 9, 9), (12, 5), (2, 8, 3), (40, 4)],
+                         ids=["square", "batched", "tall", "batched_tall", "very_tall"])
 @pytest.mark.parametrize("scale", [0.2, 3.0])
-def test_times_cayley_exact_equals_x_times_the_transform(shape, scale):
-  """``X (I - A/2)^{-1} (I + A/2)`` by one solve and ``2 Y - X``, against the transform
-  formed in float64 and multiplied, for a small and a large generator."""
+def test_cayley_in_coordinates_exact_equals_the_generators_transform(shape, scale):
+  """``(2X + N) M^{-1} - X`` against the n x n generator's solve in float64, for a small
+  and a large step (not tangent: the normal part is V's own)."""
   rng = np.random.default_rng(31)
-  x = rng.standard_normal(shape)
-  a = _skew(rng, shape[-1], shape[:-2], scale)
-  want = x @ _cayley_ref(a, np.broadcast_to(np.eye(shape[-1]), a.shape), 1.0)
-  np.testing.assert_allclose(linalg.times_cayley(_f32(x), _f32(a)), want, atol=ATOL)
+  x, v, a = _step(rng, shape, scale)
+  want = _cayley_ref(a, x, 1.0)
+  omega, normal = _coordinates(x, v)
+  normal = None if shape[-1] == shape[-2] else normal
+  got = linalg.cayley_in_coordinates(_f32(x), _f32(omega),
+                                     None if normal is None else _f32(normal))
+  np.testing.assert_allclose(got, want, atol=ATOL)
   with jax.enable_x64(True):
-    got = linalg.times_cayley(jnp.asarray(x), jnp.asarray(a))
+    got = linalg.cayley_in_coordinates(jnp.asarray(x), jnp.asarray(omega),
+                                       None if normal is None else jnp.asarray(normal))
     assert got.dtype == jnp.float64
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-13)
 
 
-def test_times_cayley_keeps_an_orthonormal_square_point_orthonormal():
+@pytest.mark.parametrize("shape", [(64, 64), (96, 24)], ids=["square", "tall"])
+def test_cayley_in_coordinates_keeps_an_orthonormal_point_orthonormal(shape):
   rng = np.random.default_rng(32)
-  w = _f32(_stiefel_point(rng, 64, 64))
-  y = linalg.times_cayley(w, _f32(_skew(rng, 64, scale=5.0)))
-  np.testing.assert_allclose(y.T @ y, np.eye(64), atol=3e-5)
+  x, v, _ = _step(rng, shape, 5.0)
+  omega, normal = _coordinates(x, v)
+  y = linalg.cayley_in_coordinates(_f32(x), _f32(omega),
+                                   None if shape[0] == shape[1] else _f32(normal))
+  np.testing.assert_allclose(y.T @ y, np.eye(shape[1]), atol=3e-5)
 
 
-def test_times_cayley_iterative_is_x_times_the_fixed_point():
+@pytest.mark.parametrize("shape", [(6, 6), (10, 4)], ids=["square", "tall"])
+@pytest.mark.parametrize("iterations", [1, 3])
+def test_cayley_in_coordinates_iterative_is_the_generators_fixed_point(shape, iterations):
   rng = np.random.default_rng(33)
-  x, a = _f32(rng.standard_normal((6, 4))), _f32(_skew(rng, 4, scale=0.3))
-  want = x @ linalg.cayley_transform(a, method="iterative", iterations=3)
-  np.testing.assert_allclose(linalg.times_cayley(x, a, method="iterative", iterations=3),
-                             want, atol=1e-6)
+  x, v, a = _step(rng, shape, 0.3)
+  want = x + a @ x
+  for _ in range(iterations):
+    want = x + 0.5 * a @ (x + want)
+  omega, normal = _coordinates(x, v)
+  with jax.enable_x64(True):
+    got = linalg.cayley_in_coordinates(
+        jnp.asarray(x), jnp.asarray(omega),
+        None if shape[0] == shape[1] else jnp.asarray(normal),
+        method="iterative", iterations=iterations)
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-13)
 
 
 def test_identity_transform_is_formed_without_the_product():
@@ -287,13 +320,18 @@ def test_identity_transform_is_formed_without_the_product():
                              atol=ATOL)
   jaxpr = jax.make_jaxpr(lambda a: linalg.cayley_transform(a))(a)
   assert not any(e.primitive is jax.lax.dot_general_p for e in jaxpr.eqns)
-  assert not any(e.primitive is jax.lax.dot_general_p
-                 for e in jax.make_jaxpr(lambda a, x: linalg.times_cayley(x, a))(
-                     a, a[..., :3, :]).eqns)
+  # A square point's exact retraction is the solve alone.
+  square = jax.make_jaxpr(lambda x, o: linalg.cayley_in_coordinates(x, o))(a, a)
+  assert not any(e.primitive is jax.lax.dot_general_p for e in square.eqns)
 
 
-def test_times_cayley_errors():
-  with pytest.raises(ValueError, match=r"times_cayley: A must be \(\.\.\., p, p\)"):
-    linalg.times_cayley(jnp.zeros((5, 3)), jnp.zeros((4, 4)))
+def test_cayley_in_coordinates_errors():
+  x, o = jnp.zeros((5, 3)), jnp.zeros((3, 3))
+  with pytest.raises(ValueError, match=r"cayley_in_coordinates: .* Omega must be \(\.\.\., 3, 3\)"):
+    linalg.cayley_in_coordinates(x, jnp.zeros((4, 4)))
+  with pytest.raises(ValueError, match="N like X"):
+    linalg.cayley_in_coordinates(x, o, jnp.zeros((6, 3)))
   with pytest.raises(ValueError, match="method"):
-    linalg.times_cayley(jnp.zeros((5, 3)), jnp.zeros((3, 3)), method="newton")
+    linalg.cayley_in_coordinates(x, o, method="newton")
+  with pytest.raises(ValueError, match="iterations"):
+    linalg.cayley_in_coordinates(x, o, method="iterative", iterations=0)
