@@ -36,10 +36,11 @@ Tangent space at W: {V : W^T V + V^T W = 0}.
     satisfies ``A W = P_W(V)``. Computed in ``p x p`` coordinates
     (:func:`orthojax.linalg.cayley_in_coordinates`): ``A`` maps ``W`` and the step's
     normal part ``N = V - W W^T V`` into their own span, so the result is
-    ``(2W + N) M^{-1} - W`` with ``M = I - skew(W^T V)/2 + N^T N/4``, one ``p x p``
-    solve and three ``n x p x p`` products (``W^T V``, ``N``, ``N^T N``; one for a
-    square ``W``), where the generator's 2p x 2p Woodbury form took about twice the
-    products and its dense form an ``n x n`` solve. With ``cayley_iterations=k`` by Li
+    ``W + (W C + N) M^{-1}`` with ``M = I - Omega/2 + N^T N/4``,
+    ``C = Omega - N^T N/2``, ``Omega = skew(W^T V)``: the ``p x p`` inverse and five
+    ``n x p x p`` products (``W^T V``, ``N``, ``N^T N``, and the two with ``M^{-1}``; a
+    square ``W`` takes two and a ``p x p`` solve), where the generator's 2p x 2p Woodbury
+    form took about twice the arithmetic and its dense form an ``n x n`` solve. With ``cayley_iterations=k`` by Li
     et al.'s fixed point (matmuls only, approximately orthogonal: see
     :func:`orthojax.linalg.cayley_transform`): in coordinates for a square ``W``, and
     on the generator's low-rank or dense form for a tall one, whose iterates drift off

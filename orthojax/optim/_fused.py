@@ -44,8 +44,8 @@ is exact:
   ``Y = W Z + xi_perp K`` with ``p x p`` coefficients
   (:func:`orthojax.linalg.cayley_in_coordinates`, as ``Stiefel``'s own retraction runs
   them). Here ``Omega`` is known, so ``W^T xi`` is not formed again: exact, the
-  retraction costs ``B`` and one ``p x p`` solve with ``n`` right-hand sides (a square
-  ``W``: the solve alone); iterative, ``B``, ``p x p`` products per iteration and
+  retraction costs ``B``, the ``p x p`` inverse and two products (a square ``W``: a
+  ``p x p`` solve and one product); iterative, ``B``, ``p x p`` products per iteration and
   ``Y = W Z + xi_perp K``. With the ``"elementwise"`` second moment the
   step never needs ``d = P(u)`` itself here, only ``xi_perp = -lr (u - W c)``
   (``W sym(c) + W skew(c) = W c``): one product where ``d`` and then
