@@ -39,12 +39,13 @@ Tangent space at W: {V : W^T V + V^T W = 0}.
     ``W + (W C + N) M^{-1}`` with ``M = I - Omega/2 + N^T N/4``,
     ``C = Omega - N^T N/2``, ``Omega = skew(W^T V)``: the ``p x p`` inverse and five
     ``n x p x p`` products (``W^T V``, ``N``, ``N^T N``, and the two with ``M^{-1}``; a
-    square ``W`` takes two and a ``p x p`` solve), where the generator's 2p x 2p Woodbury
-    form took about twice the arithmetic and its dense form an ``n x n`` solve. With ``cayley_iterations=k`` by Li
-    et al.'s fixed point (matmuls only, approximately orthogonal: see
-    :func:`orthojax.linalg.cayley_transform`): in coordinates for a square ``W``, and
-    on the generator's low-rank or dense form for a tall one, whose iterates drift off
-    the manifold between clean-ups, where the coordinates' ``W^T W = I`` does not hold.
+    square ``W`` takes two and a ``p x p`` solve), where the generator's 2p x 2p
+    Woodbury form took about twice the arithmetic and its dense form an ``n x n``
+    solve. With ``cayley_iterations=k`` by Li et al.'s fixed point (matmuls only,
+    approximately orthogonal: see :func:`orthojax.linalg.cayley_transform`): in
+    coordinates for a square ``W``, and on the generator's low-rank or dense form for a
+    tall one, whose iterates drift off the manifold between clean-ups, where the
+    coordinates' ``W^T W = I`` does not hold.
 
 * Transport: projection onto the new tangent space (base class).
 * Parameters stored in bfloat16/float16: the maths runs in float32, and the
@@ -341,17 +342,25 @@ class Stiefel(Manifold):
       norm = jnp.where(sq > 0, jnp.sqrt(jnp.where(sq > 0, sq, 1.0)), 0.0)
       x = (w + v) / jnp.maximum(1.0, (1.0 + norm) / 1.7)
       return polar_newton_schulz(x, self.ns_tol, self.ns_steps)
-    how = (dict(method="exact") if self.cayley_iterations is None else
-           dict(method="iterative", iterations=self.cayley_iterations))
     square = w.shape[-2] == w.shape[-1]
     if self.cayley_iterations is not None and not square:
       # Li et al.'s iterates drift off the manifold between clean-ups, where the
       # coordinates' identities (Wᵀ W = I) no longer hold: the generator's own form.
-      return linalg.cayley_transform(cayley_generator(w, v), w, **how)
+      return linalg.cayley_transform(cayley_generator(w, v), w, method="iterative",
+                                     iterations=self.cayley_iterations)
     c = w.mT @ v
     # A square W has no normal part: W Wᵀ V = V.
-    normal = None if square else v - w @ c
-    return linalg.cayley_in_coordinates(w, linalg.skew(c), normal, **how)
+    return self.cayley_in_coordinates(w, linalg.skew(c), None if square else v - w @ c)
+
+  def cayley_in_coordinates(self, w, omega, normal=None):
+    """This manifold's Cayley retraction (exact, or its ``cayley_iterations``) of a step
+    given as ``omega = skew(Wᵀ V)`` and its normal part ``normal = V − W Wᵀ V`` (None
+    for a square ``W``), on tall ``(..., n, p)`` matrices:
+    :func:`orthojax.linalg.cayley_in_coordinates`. For callers that know ``omega`` (the
+    fused Riemannian Adam); no polish or float32 correction (``retract`` adds them)."""
+    how = (dict(method="exact") if self.cayley_iterations is None else
+           dict(method="iterative", iterations=self.cayley_iterations))
+    return linalg.cayley_in_coordinates(w, omega, normal, **how)
 
   def _retract_for(self, w, v, dtype):
     y = self._retract(w, v)

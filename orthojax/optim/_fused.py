@@ -114,7 +114,7 @@ def retract_tall(manifold: Stiefel, x, xi, omega, stored_dtype, count,
   """The chain's ``retract`` link on a tall ``x`` given the step ``xi`` and ``omega = x^T xi``.
 
   Cayley (exact or iterative) runs in coordinates
-  (:func:`orthojax.linalg.cayley_in_coordinates`, from ``omega`` and the normal part
+  (:meth:`orthojax.manifolds.Stiefel.cayley_in_coordinates`, from ``omega`` and the normal part
   ``xi_perp = xi - x omega``, which the caller may pass where it knows it); every other
   retraction is ``manifold.retract`` of ``xi`` at ``x``. ``stored_dtype`` is the
   parameter's (bfloat16/float16 Cayley results are polished, as in
@@ -122,13 +122,11 @@ def retract_tall(manifold: Stiefel, x, xi, omega, stored_dtype, count,
   """
   with jax.named_scope("retraction"):
     if in_coordinates(manifold):
-      how = (dict(method="exact") if manifold.cayley_iterations is None else
-             dict(method="iterative", iterations=manifold.cayley_iterations))
       if x.shape[-2] == x.shape[-1]:   # a square x: xi = x omega, no normal part
         xi_perp = None
       elif xi_perp is None:
         xi_perp = xi - x @ omega
-      y = linalg.cayley_in_coordinates(x, omega, xi_perp, **how)
+      y = manifold.cayley_in_coordinates(x, omega, xi_perp)
       y = polish(y, stored_dtype)  # as Stiefel's Cayley retraction
       y = manifold.correct(y, view=_TALL)  # as Stiefel's retract: float32 where reduced
     else:
