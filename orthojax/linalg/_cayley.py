@@ -1,4 +1,5 @@
-"""Cayley transforms: exact (dense solve or low-rank Woodbury) and iterative.
+"""Cayley transforms: exact (dense solve or low-rank Woodbury) and iterative, and a
+Stiefel point's Cayley retraction in ``p x p`` coordinates (:func:`cayley_in_coordinates`).
 
 For a skew-symmetric generator ``A`` (n x n) and a step ``tau``, the Cayley
 curve through ``X`` is::
