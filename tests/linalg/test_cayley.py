@@ -247,9 +247,8 @@ def test_errors():
 
 
 def _step(rng, shape, scale):
-  """An orthonormal X, a step V of Frobenius norm ``scale`` per matrix, and the dense
-  generator's ``(I - A/2)^{-1} (I + A/2) X`` in float64 (A = V_h X^T - X V_h^T)."""
-  *batch, n, p = shape
+  """An orthonormal X, a step V of Frobenius norm ``scale`` per matrix, and Wen & Yin's
+  dense generator ``A = V_h X^T - X V_h^T``, ``V_h = V - X X^T V / 2``, in float64."""
   x = np.linalg.qr(rng.standard_normal(shape))[0]
   v = rng.standard_normal(shape)
   v = scale * v / np.linalg.norm(v, axis=(-2, -1), keepdims=True)
@@ -267,7 +266,7 @@ def _coordinates(x, v):
                          ids=["square", "batched", "tall", "batched_tall", "very_tall"])
 @pytest.mark.parametrize("scale", [0.2, 3.0])
 def test_cayley_in_coordinates_exact_equals_the_generators_transform(shape, scale):
-  """``(2X + N) M^{-1} - X`` against the n x n generator's solve in float64, for a small
+  """``X + (X C + N) M^{-1}`` against the n x n generator's solve in float64, for a small
   and a large step (not tangent: the normal part is V's own)."""
   rng = np.random.default_rng(31)
   x, v, a = _step(rng, shape, scale)
