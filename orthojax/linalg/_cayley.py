@@ -206,14 +206,12 @@ def cayley_in_coordinates(x: jnp.ndarray, omega: jnp.ndarray,
                      f"{None if normal is None else normal.shape}")
   eye = jnp.eye(p, dtype=omega.dtype)
   if method == "exact":
-    m, c = eye - 0.5 * omega, omega
-    if normal is not None:
-      b = normal.mT @ normal
-      m, c = m + 0.25 * b, c - 0.5 * b
-    if normal is None:   # D = C M^-1 solves M^T D^T = C^T: p right-hand sides
-      return x + x @ _solve(m.mT, c.mT).mT
+    if normal is None:   # C M^-1 = Omega (I - Omega/2)^-1 solves (I + Omega/2) D^T = Omega^T
+      return x + x @ _solve(eye + 0.5 * omega, omega.mT).mT
+    b = normal.mT @ normal
+    m = eye - 0.5 * omega + 0.25 * b
     m_inv = _solve(m, jnp.broadcast_to(eye, m.shape))
-    return x + (x @ (c @ m_inv) + normal @ m_inv)
+    return x + (x @ ((omega - 0.5 * b) @ m_inv) + normal @ m_inv)
   z = eye + omega
   if normal is None:
     for _ in range(int(iterations)):
